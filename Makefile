@@ -1,0 +1,33 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# Each builds its own virtual environment from pyproject.toml.
+
+PYTHON ?= python3
+VENV ?= .venv
+
+.PHONY: demo test lint clean
+
+demo: $(VENV)/.demo
+	$(VENV)/bin/python examples/demo.py
+
+test: $(VENV)/.test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.demo: pyproject.toml $(VENV)/bin/python
+	$(VENV)/bin/python -m pip install --quiet -e '.[demo]'
+	touch $@
+
+$(VENV)/.test: pyproject.toml $(VENV)/bin/python
+	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,29 @@
+"""Job-uniqueness locks for Dramatiq."""
+
+from .backends import LockBackend, RedisBackend, StubBackend
+from .current import HeldLock, current_lock
+from .errors import EnqueueCancelled, InvalidLockOptions, LockArgumentsError, LockBackendError, UniqueError
+from .middleware import UniqueJobs
+from .outcome import EnqueueOutcome, enqueue_outcome
+
+__all__ = [
+    # Middleware
+    "UniqueJobs",
+    # Backends
+    "LockBackend",
+    "RedisBackend",
+    "StubBackend",
+    # Inside and around actors
+    "HeldLock",
+    "current_lock",
+    "EnqueueOutcome",
+    "enqueue_outcome",
+    # Errors
+    "UniqueError",
+    "InvalidLockOptions",
+    "LockArgumentsError",
+    "LockBackendError",
+    "EnqueueCancelled",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,110 @@
+"""The storage interface every lock backend implements.
+
+A lock is named by a key string (see :mod:`dramatiq_unique.keys`) and has up
+to ``limit`` holders at once. Each holder is identified by an *owner*
+string: the message_id for enqueue locks, so Dramatiq's own re-enqueues of a
+message re-enter its lock, and a fresh token per processing attempt for run
+locks. Every transition is atomic, and release and swap only ever touch the
+caller's own place (SPEC S1, S2).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock (SPEC S3). The backend records it with the acquisition
+    time, the expiry and the fencing token, all taken from its own clock.
+
+    Parameters:
+      message_id(str): The message that holds the lock.
+      actor(str): The actor of that message.
+      queue(str): The canonical queue of that message.
+      lock(str): The lock type, e.g. ``"until_executed"``.
+      state(str): ``"queued"`` for enqueue locks, ``"running"`` for run locks.
+      worker_id(str): The worker process running the message, for run locks.
+    """
+
+    message_id: str
+    actor: str
+    queue: str
+    lock: str
+    state: str
+    worker_id: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Acquisition:
+    """The answer to an acquisition attempt.
+
+    Parameters:
+      acquired(bool): Whether the caller holds the lock now.
+      token(int): The fencing token of the caller's place (SPEC L10).
+      expires_at(int): When the caller's place lapses, in milliseconds of the
+        backend's clock; ``None`` when it never does.
+      holders(tuple[str]): When not acquired, the message_ids holding the lock.
+    """
+
+    acquired: bool
+    token: int | None = None
+    expires_at: int | None = None
+    holders: tuple[str, ...] = ()
+
+
+class LockBackend(abc.ABC):
+    """Stores locks. Implementations must be safe to share between threads.
+
+    Every method raises :class:`dramatiq_unique.errors.LockBackendError`
+    when the storage cannot be reached.
+    """
+
+    @abc.abstractmethod
+    def acquire(
+        self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+    ) -> Acquisition:
+        """Take one of the ``limit`` places of the lock at ``key`` for ``owner``.
+
+        If ``owner`` already has a place, it is kept with its token and its
+        expiry is pushed back to at least ``ttl + extend`` from now: this is
+        how re-enqueues of the same message pass their own lock.
+
+        Parameters:
+          key(str): The lock's key.
+          owner(str): Who takes the place.
+          limit(int): How many owners may hold the lock at once.
+          ttl(int): Milliseconds until the place lapses, or ``None`` for never.
+          holder(Holder): What to record about the holder.
+          extend(int): Milliseconds added to ``ttl``, e.g. a message's delay.
+        """
+
+    @abc.abstractmethod
+    def release(self, key: str, owner: str) -> bool:
+        """Give up ``owner``'s place in the lock at ``key``.
+
+        Returns:
+          bool: False when ``owner`` held no place (it lapsed, or never was).
+        """
+
+    @abc.abstractmethod
+    def swap(
+        self,
+        *,
+        release_key: str,
+        release_owner: str,
+        acquire_key: str,
+        owner: str,
+        limit: int,
+        ttl: int | None,
+        holder: Holder,
+    ) -> Acquisition:
+        """In one atomic step, take a place in the lock at ``acquire_key``
+        and, only if that succeeded, give up ``release_owner``'s place in the
+        lock at ``release_key``. Both keys belong to one digest.
+        """

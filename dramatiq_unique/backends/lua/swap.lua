@@ -1,0 +1,9 @@
+-- Takes a place in the run lock and, only if that worked, gives up the
+-- enqueue lock's place, in one step (until_and_while_executing).
+-- KEYS[1]: the enqueue lock, KEYS[2]: the run lock (one digest, one hash slot).
+-- ARGV: enqueue owner, run owner, limit, ttl in ms (0: never lapses), holder JSON.
+local reply = acquire(KEYS[2], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), 0, ARGV[5])
+if reply[1] == 1 then
+  release(KEYS[1], ARGV[1])
+end
+return reply

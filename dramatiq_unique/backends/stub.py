@@ -1,0 +1,103 @@
+"""An in-memory lock backend for tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .base import Acquisition, Holder, LockBackend
+
+
+@dataclass
+class _Place:
+    holder: Holder
+    token: int
+    acquired_at: int
+    expires_at: int | None
+
+
+@dataclass
+class _Lock:
+    fence: int = 0
+    places: dict[str, _Place] = field(default_factory=dict)
+
+
+class StubBackend(LockBackend):
+    """An in-memory lock backend with the semantics of :class:`RedisBackend`,
+    for unit tests with Dramatiq's ``StubBroker``. It is thread-safe and
+    lives in one process.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._locks: dict[str, _Lock] = {}
+
+    def acquire(
+        self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+    ) -> Acquisition:
+        with self._mutex:
+            return self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend)
+
+    def release(self, key: str, owner: str) -> bool:
+        with self._mutex:
+            return self._release(key, owner)
+
+    def swap(
+        self,
+        *,
+        release_key: str,
+        release_owner: str,
+        acquire_key: str,
+        owner: str,
+        limit: int,
+        ttl: int | None,
+        holder: Holder,
+    ) -> Acquisition:
+        with self._mutex:
+            acquisition = self._acquire(acquire_key, owner, limit=limit, ttl=ttl, holder=holder, extend=0)
+            if acquisition.acquired:
+                self._release(release_key, release_owner)
+            return acquisition
+
+    def flush(self) -> None:
+        """Drop every lock."""
+        with self._mutex:
+            self._locks.clear()
+
+    def _acquire(
+        self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int
+    ) -> Acquisition:
+        now_us = time.time_ns() // 1000
+        now = now_us // 1000
+        lock = self._live(key, now)
+        expires_at = now + ttl + extend if ttl else None
+        place = lock.places.get(owner)
+        if place is not None:
+            if place.expires_at is None or expires_at is None:
+                expires_at = None
+            else:
+                expires_at = max(place.expires_at, expires_at)
+            token, acquired_at = place.token, place.acquired_at
+        elif len(lock.places) >= limit:
+            return Acquisition(acquired=False, holders=tuple(p.holder.message_id for p in lock.places.values()))
+        else:
+            # As on Redis: tokens follow the clock in microseconds, so they keep
+            # increasing after a free lock was dropped with its fence.
+            token = lock.fence = max(lock.fence + 1, now_us)
+            acquired_at = now
+        lock.places[owner] = _Place(holder=holder, token=token, acquired_at=acquired_at, expires_at=expires_at)
+        self._locks[key] = lock
+        return Acquisition(acquired=True, token=token, expires_at=expires_at)
+
+    def _release(self, key: str, owner: str) -> bool:
+        lock = self._live(key, time.time_ns() // 1_000_000)
+        removed = lock.places.pop(owner, None) is not None
+        if not lock.places:
+            self._locks.pop(key, None)
+        return removed
+
+    def _live(self, key: str, now: int) -> _Lock:
+        lock = self._locks.get(key) or _Lock()
+        lock.places = {o: p for o, p in lock.places.items() if p.expires_at is None or p.expires_at > now}
+        return lock

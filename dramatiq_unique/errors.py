@@ -1,0 +1,39 @@
+"""The errors raised by dramatiq_unique.
+
+Every error derives from :class:`dramatiq.middleware.MiddlewareError`: it is
+the only kind of exception that Dramatiq lets escape from ``before_*`` hooks,
+so these errors reach the caller of ``send()`` instead of being logged and
+ignored while the message is enqueued or run anyway.
+"""
+
+from __future__ import annotations
+
+from dramatiq.middleware import MiddlewareError
+
+
+class UniqueError(MiddlewareError):
+    """Base class for all dramatiq_unique errors."""
+
+
+class InvalidLockOptions(UniqueError, ValueError):
+    """Raised when an actor or a message is given lock options that are not valid."""
+
+
+class LockArgumentsError(UniqueError, ValueError):
+    """Raised when the lock arguments of a message cannot be computed or serialised."""
+
+
+class LockBackendError(UniqueError):
+    """Raised when the lock backend cannot be reached or fails to answer."""
+
+
+class EnqueueCancelled(UniqueError):
+    """Raised inside ``before_enqueue`` to stop an enqueue that ``send()`` then reports as not enqueued.
+
+    :class:`UniqueJobs` catches it around the broker's ``enqueue`` and returns
+    :attr:`message`, whose :func:`enqueue_outcome` says what happened.
+    """
+
+    def __init__(self, reason: str, message):
+        super().__init__(reason)
+        self.message = message

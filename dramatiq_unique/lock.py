@@ -1,0 +1,209 @@
+"""The locks of one message, in the operations lock types are written in."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+from dramatiq import Message
+from dramatiq.common import q_name
+
+from .backends import Acquisition, Holder, LockBackend
+from .current import HeldLock
+from .digest import compute_digest, lock_arguments
+from .keys import enqueue_key, run_key
+from .options import LockConfig
+from .outcome import ENQUEUED, EnqueueOutcome, enqueue_outcome, record_outcome
+
+#: How close to its recorded expiry an enqueue lock is checked again when
+#: its message starts, to allow for clock drift between worker and backend.
+LAPSE_MARGIN = 1000
+
+
+def worker_id() -> str:
+    """This process, as recorded in the run locks it holds."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class MessageLock:
+    """The enqueue lock and the run lock of one message.
+
+    It remembers which of them it holds, so giving up a lock that is not held
+    costs no round trip. It is used by one thread at a time.
+
+    Parameters:
+      backend(LockBackend): Where the locks are stored.
+      config(LockConfig): The message's lock options.
+      message(Message): The message.
+      digest(str): The message's digest.
+      logger(Logger): Where to report a lapsed lock.
+    """
+
+    def __init__(
+        self, *, backend: LockBackend, config: LockConfig, message: Message[Any], digest: str, logger: logging.Logger
+    ):
+        self.backend = backend
+        self.config = config
+        self.message = message
+        self.digest = digest
+        self.logger = logger
+        outcome = enqueue_outcome(message)
+        #: Whether the message holds its enqueue lock, as far as this process knows.
+        self.holds_enqueue = config.lock.locks_at_enqueue and outcome.enqueued and outcome.digest == digest
+        self.enqueue_token = outcome.token
+        self.enqueue_expires_at = outcome.expires_at
+        #: The owner of this processing attempt's place in the run lock.
+        self.run_owner: str | None = None
+        self.run_token: int | None = None
+        #: Whether Dramatiq enqueued the message again while it was being processed.
+        self.requeued = False
+
+    @classmethod
+    def for_message(
+        cls, *, backend: LockBackend, config: LockConfig, message: Message[Any], logger: logging.Logger
+    ) -> MessageLock:
+        """The locks of ``message``, with the digest it recorded when it was
+        enqueued, or computed from its arguments.
+
+        Raises:
+          LockArgumentsError: If the digest cannot be computed.
+        """
+        outcome = enqueue_outcome(message)
+        digest = outcome.digest or compute_digest(
+            actor_name=message.actor_name,
+            queue_name=message.queue_name,
+            lock_args=lock_arguments(message.actor_name, config.lock_args_method, message.args, message.kwargs),
+            unique_across_actors=config.unique_across_actors,
+            unique_across_queues=config.unique_across_queues,
+        )
+        return cls(backend=backend, config=config, message=message, digest=digest, logger=logger)
+
+    @property
+    def enqueue_key(self) -> str:
+        return enqueue_key(self.config.lock_prefix, self.digest)
+
+    @property
+    def run_key(self) -> str:
+        return run_key(self.config.lock_prefix, self.digest)
+
+    def held(self) -> HeldLock | None:
+        """The lock the message holds while its actor runs."""
+        if self.run_token is not None:
+            token = self.run_token
+        elif self.holds_enqueue and self.enqueue_token is not None:
+            token = self.enqueue_token
+        else:
+            return None
+        return HeldLock(digest=self.digest, token=token, lock=self.config.lock.name, message_id=self.message.message_id)
+
+    def acquire_enqueue(self, delay: int | None = None) -> Acquisition:
+        """Take the enqueue lock, or re-enter it when the message holds it already.
+
+        The lock's TTL is extended by ``delay``, so it covers a delayed message
+        until it is due. On success the outcome is recorded in the message.
+        """
+        acquisition = self.backend.acquire(
+            self.enqueue_key,
+            self.message.message_id,
+            limit=self.config.lock_limit,
+            ttl=self.config.lock_ttl,
+            holder=self._holder("queued"),
+            extend=delay or 0,
+        )
+        if acquisition.acquired:
+            self.holds_enqueue = True
+            self.enqueue_token = acquisition.token
+            self.enqueue_expires_at = acquisition.expires_at
+            record_outcome(
+                self.message,
+                EnqueueOutcome(
+                    status=ENQUEUED,
+                    digest=self.digest,
+                    holder=self.message.message_id,
+                    token=acquisition.token,
+                    expires_at=acquisition.expires_at,
+                ),
+            )
+        return acquisition
+
+    def reenter_enqueue_if_lapsed(self) -> None:
+        """Take the enqueue lock again if its TTL may have run out before the
+        message started (SPEC L9). The message runs either way.
+
+        Only a lock whose recorded expiry is near or past costs a round trip.
+        """
+        if not self.holds_enqueue or self.enqueue_expires_at is None:
+            return
+        if time.time() * 1000 < self.enqueue_expires_at - LAPSE_MARGIN:
+            return
+        acquisition = self.acquire_enqueue()
+        if not acquisition.acquired:
+            self.holds_enqueue = False
+            self.logger.warning(
+                "Message %r of actor %r runs although its lock %r lapsed before it started "
+                "and is now held by message %s. Raise lock_ttl if its messages wait longer than that.",
+                self.message.message_id,
+                self.message.actor_name,
+                self.digest,
+                ", ".join(map(repr, acquisition.holders)),
+            )
+
+    def release_enqueue(self) -> None:
+        """Give up the enqueue lock, if the message holds it."""
+        if self.holds_enqueue:
+            self.holds_enqueue = False
+            self.backend.release(self.enqueue_key, self.message.message_id)
+
+    def acquire_run(self) -> Acquisition:
+        """Take a place in the run lock for this processing attempt."""
+        owner = uuid.uuid4().hex
+        acquisition = self.backend.acquire(
+            self.run_key, owner, limit=self.config.lock_limit, ttl=self.config.lock_ttl, holder=self._running_holder()
+        )
+        self._took_run_lock(owner, acquisition)
+        return acquisition
+
+    def swap_enqueue_for_run(self) -> Acquisition:
+        """Take a place in the run lock and give up the enqueue lock, atomically."""
+        owner = uuid.uuid4().hex
+        acquisition = self.backend.swap(
+            release_key=self.enqueue_key,
+            release_owner=self.message.message_id,
+            acquire_key=self.run_key,
+            owner=owner,
+            limit=self.config.lock_limit,
+            ttl=self.config.lock_ttl,
+            holder=self._running_holder(),
+        )
+        if acquisition.acquired:
+            self.holds_enqueue = False
+        self._took_run_lock(owner, acquisition)
+        return acquisition
+
+    def release_run(self) -> None:
+        """Give up this attempt's place in the run lock, if it has one."""
+        if self.run_owner is not None:
+            owner, self.run_owner, self.run_token = self.run_owner, None, None
+            self.backend.release(self.run_key, owner)
+
+    def _took_run_lock(self, owner: str, acquisition: Acquisition) -> None:
+        if acquisition.acquired:
+            self.run_owner = owner
+            self.run_token = acquisition.token
+
+    def _running_holder(self) -> Holder:
+        return self._holder("running", worker_id=worker_id())
+
+    def _holder(self, state: str, worker_id: str | None = None) -> Holder:
+        return Holder(
+            message_id=self.message.message_id,
+            actor=self.message.actor_name,
+            queue=q_name(self.message.queue_name),
+            lock=self.config.lock.name,
+            state=state,
+            worker_id=worker_id,
+        )

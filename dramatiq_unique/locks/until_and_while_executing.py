@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from .base import LockType
+
+
+class UntilAndWhileExecuting(LockType):
+    """Locked at enqueue; at start the run lock is taken and the enqueue lock
+    given up in one atomic step (SPEC L5).
+
+    One copy may wait in the queue while another runs; a retry re-takes the
+    enqueue lock.
+    """
+
+    name = "until_and_while_executing"
+
+    def start(self, lock):
+        return lock.swap_enqueue_for_run()

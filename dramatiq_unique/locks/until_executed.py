@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from .base import LockType
+
+
+class UntilExecuted(LockType):
+    """Locked from enqueue until the actor has succeeded or failed for good (SPEC L2).
+
+    Retries keep the lock; a message that lands in the dead-letter queue
+    gives it up.
+    """
+
+    name = "until_executed"
+
+    def start(self, lock):
+        lock.reenter_enqueue_if_lapsed()
+        return None

@@ -1,0 +1,259 @@
+"""The middleware: it turns Dramatiq's hooks into lock operations."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from dramatiq import Broker, Message, Middleware
+from dramatiq.actor import Actor
+from dramatiq.logging import get_logger
+from dramatiq.middleware import Retries
+
+from .backends import LockBackend
+from .current import _set_current_lock
+from .errors import EnqueueCancelled, LockBackendError
+from .lock import MessageLock
+from .options import DEFAULT_LOCK_PREFIX, DEFAULT_RESCHEDULE_DELAY, DEFAULTS, MESSAGE_OPTIONS, LockConfig, resolve
+from .outcome import ENQUEUED, OUTCOME_OPTION, enqueue_outcome
+from .strategies import CLIENT, SERVER, Conflict
+
+
+class UniqueJobs(Middleware):
+    """Middleware that gives actors job-uniqueness locks.
+
+    Add it to the broker before declaring actors, ahead of ``TimeLimit``, so
+    that it sees Retries' verdict and its own calls are never interrupted::
+
+        broker.add_middleware(UniqueJobs(backend=RedisBackend(url=...)), before=TimeLimit)
+
+    Each keyword argument below is also an actor option (``@dramatiq.actor(lock=...)``)
+    and, except ``lock_args_method``, a message option (``send_with_options``);
+    the message's value wins over the actor's, which wins over the one given here.
+
+    Parameters:
+      backend(LockBackend): Where locks are stored.
+      lock(str): The lock type: ``"until_executing"``, ``"until_executed"``,
+        ``"until_expired"``, ``"while_executing"`` or ``"until_and_while_executing"``.
+        ``None`` (the default) leaves actors without uniqueness.
+      on_conflict(str|dict): The conflict strategy, or ``{"client": ..., "server": ...}``.
+      lock_limit(int): How many messages of one digest may hold the lock at once.
+      lock_ttl(int): Milliseconds after which a lock lapses; ``None`` for never.
+      lock_args_method(callable): Called with a message's arguments, returns
+        the JSON value that decides uniqueness. Defaults to all arguments.
+      lock_prefix(str): The prefix of every key.
+      unique_across_queues(bool): Leave the queue out of the digest.
+      unique_across_actors(bool): Leave the actor out of the digest.
+      reschedule_delay(int): Milliseconds before a rescheduled duplicate tries again.
+      max_reschedules(int): How often a duplicate may be rescheduled; ``None`` for no limit.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: LockBackend,
+        lock: str | None = None,
+        on_conflict: Any = "log",
+        lock_limit: int = 1,
+        lock_ttl: int | None = None,
+        lock_args_method: Callable[..., Any] | None = None,
+        lock_prefix: str = DEFAULT_LOCK_PREFIX,
+        unique_across_queues: bool = False,
+        unique_across_actors: bool = False,
+        reschedule_delay: int = DEFAULT_RESCHEDULE_DELAY,
+        max_reschedules: int | None = None,
+    ):
+        self.logger = get_logger(__name__, type(self))
+        self.backend = backend
+        self.defaults = {
+            "lock": lock,
+            "on_conflict": on_conflict,
+            "lock_limit": lock_limit,
+            "lock_ttl": lock_ttl,
+            "lock_args_method": lock_args_method,
+            "lock_prefix": lock_prefix,
+            "unique_across_queues": unique_across_queues,
+            "unique_across_actors": unique_across_actors,
+            "reschedule_delay": reschedule_delay,
+            "max_reschedules": max_reschedules,
+        }
+        self._default_config = resolve("UniqueJobs", self.defaults)
+        #: The merged options and the resolved config of each declared actor.
+        self._actors: dict[str, tuple[dict[str, Any], LockConfig | None]] = {}
+        self._guarded_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
+        # Per thread: .processing is the MessageLock of the message this worker
+        # thread processes; .taken is the MessageLock whose enqueue lock the
+        # enqueue under way has just taken.
+        self._local = threading.local()
+
+    @property
+    def actor_options(self) -> set[str]:
+        return set(DEFAULTS)
+
+    # Actor declaration -------------------------------------------------------
+
+    def before_declare_actor(self, broker: Broker, actor: Actor[Any, Any]) -> None:
+        self._declare(broker, actor)
+
+    def after_declare_actor(self, broker: Broker, actor: Actor[Any, Any]) -> None:
+        # Broker.add_middleware replays this hook for actors declared earlier.
+        self._declare(broker, actor)
+
+    def _declare(self, broker: Broker, actor: Actor[Any, Any]) -> None:
+        options = {**self.defaults, **{k: v for k, v in actor.options.items() if k in DEFAULTS}}
+        config = resolve(f"Actor {actor.actor_name!r}", options)
+        self._actors[actor.actor_name] = (options, config)
+        self._guard_enqueue(broker)
+
+    def _guard_enqueue(self, broker: Broker) -> None:
+        """Wrap the broker's ``enqueue`` so that a duplicate dropped in
+        ``before_enqueue`` makes ``send()`` return normally (SPEC C6), and an
+        enqueue that fails after its lock was taken gives the lock up (SPEC R5).
+
+        Dramatiq offers no other way: ``before_enqueue`` can only stop an
+        enqueue by raising through ``send()`` (dramatiq#276).
+        """
+        if broker in self._guarded_brokers:
+            return
+        self._guarded_brokers.add(broker)
+        enqueue = broker.enqueue
+
+        def guarded_enqueue(message: Message[Any], *, delay: int | None = None) -> Message[Any]:
+            return self._enqueue(enqueue, message, delay)
+
+        broker.enqueue = guarded_enqueue  # type: ignore[method-assign]
+
+        retries = [i for i, m in enumerate(broker.middleware) if isinstance(m, Retries)]
+        if retries and self in broker.middleware and broker.middleware.index(self) > retries[0]:
+            self.logger.warning(
+                "UniqueJobs was added after Retries, so it cannot see whether a failed message will be retried. "
+                "Add it with broker.add_middleware(..., before=TimeLimit)."
+            )
+
+    def _enqueue(self, enqueue: Callable[..., Message[Any]], message: Message[Any], delay: int | None):
+        outer, self._local.taken = getattr(self._local, "taken", None), None
+        try:
+            return enqueue(message, delay=delay)
+        except EnqueueCancelled as e:
+            return e.message
+        except BaseException:
+            taken = self._local.taken
+            if taken is not None:
+                self._release(taken.release_enqueue, taken.message, "after its enqueue failed")
+            raise
+        finally:
+            self._local.taken = outer
+
+    # Client side -------------------------------------------------------------
+
+    def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        config = self._config_for(message)
+        if config is None or not config.lock.locks_at_enqueue:
+            return
+        if self._is_reenqueue(message):
+            self._reenter(message, config, delay)
+            return
+
+        lock = MessageLock.for_message(backend=self.backend, config=config, message=message, logger=self.logger)
+        acquisition = lock.acquire_enqueue(delay)
+        if acquisition.acquired:
+            self._local.taken = lock
+            return
+        conflict = Conflict(broker, message, lock, acquisition.holders, CLIENT, self.logger)
+        config.client_strategy.on_client_conflict(conflict)
+
+    def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        processing = getattr(self._local, "processing", None)
+        if processing is not None and processing.message.message_id == message.message_id:
+            processing.requeued = True
+
+    def _is_reenqueue(self, message: Message[Any]) -> bool:
+        """Whether this is Dramatiq enqueuing a message again (a retry, a
+        delay-queue move, a publish retry) rather than a new send (SPEC L6)."""
+        recorded = message.options.get(OUTCOME_OPTION)
+        if recorded and recorded["status"] == ENQUEUED:
+            return True
+        processing = getattr(self._local, "processing", None)
+        return processing is not None and processing.message.message_id == message.message_id
+
+    def _reenter(self, message: Message[Any], config: LockConfig, delay: int | None) -> None:
+        # Never raises: an exception here would lose a retry or wedge a consumer.
+        try:
+            lock = MessageLock.for_message(backend=self.backend, config=config, message=message, logger=self.logger)
+            acquisition = lock.acquire_enqueue(delay)
+        except Exception:
+            self.logger.error(
+                "Message %r of actor %r is enqueued again without its lock: the lock backend failed.",
+                message.message_id,
+                message.actor_name,
+                exc_info=True,
+            )
+            return
+        if not acquisition.acquired:
+            self.logger.warning(
+                "Message %r of actor %r is enqueued again although its lock %r lapsed and is now held by message %s.",
+                message.message_id,
+                message.actor_name,
+                lock.digest,
+                ", ".join(map(repr, acquisition.holders)),
+            )
+
+    # Server side -------------------------------------------------------------
+
+    def before_process_message(self, broker: Broker, message: Message[Any]) -> None:
+        self._local.processing = None
+        config = self._config_for(message)
+        if config is None:
+            return
+        lock = MessageLock.for_message(backend=self.backend, config=config, message=message, logger=self.logger)
+        self._local.processing = lock
+        acquisition = config.lock.start(lock)
+        if acquisition is not None and not acquisition.acquired:
+            conflict = Conflict(broker, message, lock, acquisition.holders, SERVER, self.logger)
+            config.server_strategy.on_server_conflict(conflict)
+        _set_current_lock(lock.held())
+
+    def after_process_message(
+        self, broker: Broker, message: Message[Any], *, result: Any = None, exception: BaseException | None = None
+    ) -> None:
+        self._finish(message)
+
+    def after_skip_message(self, broker: Broker, message: Message[Any]) -> None:
+        self._finish(message)
+
+    def _finish(self, message: Message[Any]) -> None:
+        _set_current_lock(None)
+        lock, self._local.processing = getattr(self._local, "processing", None), None
+        if lock is None or lock.message.message_id != message.message_id:
+            # An earlier middleware skipped the message before we saw it
+            # (AgeLimit): it gives up the enqueue lock it recorded, if any.
+            config = self._config_for(message)
+            if config is None or not enqueue_outcome(message).digest:
+                return
+            lock = MessageLock.for_message(backend=self.backend, config=config, message=message, logger=self.logger)
+        self._release(lambda: lock.config.lock.end(lock, requeued=lock.requeued), message, "after it was processed")
+
+    # Helpers -----------------------------------------------------------------
+
+    def _config_for(self, message: Message[Any]) -> LockConfig | None:
+        options, config = self._actors.get(message.actor_name, (self.defaults, self._default_config))
+        overrides = {name: message.options[name] for name in MESSAGE_OPTIONS if name in message.options}
+        if not overrides:
+            return config
+        return resolve(
+            f"Actor {message.actor_name!r} (options of message {message.message_id!r})", {**options, **overrides}
+        )
+
+    def _release(self, release: Callable[[], None], message: Message[Any], when: str) -> None:
+        try:
+            release()
+        except LockBackendError:
+            self.logger.error(
+                "The lock of message %r of actor %r could not be released %s; it stays until its TTL runs out.",
+                message.message_id,
+                message.actor_name,
+                when,
+                exc_info=True,
+            )

@@ -1,0 +1,65 @@
+"""What every conflict strategy has in common."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+
+from dramatiq import Broker, Message
+
+if TYPE_CHECKING:
+    from ..lock import MessageLock
+
+#: A conflict found in ``before_enqueue``, in the process that sends.
+CLIENT = "client"
+#: A conflict found in ``before_process_message``, in the worker.
+SERVER = "server"
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A message that could not take its lock because other messages hold it.
+
+    Parameters:
+      broker(Broker): The broker the message goes through.
+      message(Message): The duplicate.
+      lock(MessageLock): The duplicate's locks, to give up or keep.
+      holders(tuple[str]): The message_ids holding the lock.
+      side(str): ``"client"`` or ``"server"``.
+      logger(Logger): The middleware's logger.
+    """
+
+    broker: Broker
+    message: Message[Any]
+    lock: MessageLock
+    holders: tuple[str, ...]
+    side: str
+    logger: logging.Logger
+
+    @property
+    def digest(self) -> str:
+        return self.lock.digest
+
+
+class ConflictStrategy:
+    """What becomes of a duplicate (SPEC C1-C8).
+
+    Both methods end the duplicate's way: the client one stops the enqueue
+    (raising :class:`~dramatiq_unique.errors.EnqueueCancelled` makes ``send()``
+    return normally) and the server one stops the message from running
+    (e.g. by raising :class:`dramatiq.middleware.SkipMessage`).
+    """
+
+    #: The name used in ``@dramatiq.actor(on_conflict=...)``.
+    name: ClassVar[str]
+    #: Where the strategy can be used: a subset of ``{"client", "server"}``.
+    sides: ClassVar[frozenset[str]] = frozenset({CLIENT, SERVER})
+
+    def on_client_conflict(self, conflict: Conflict) -> NoReturn:
+        """Resolve a conflict found when the duplicate was sent."""
+        raise TypeError(f"The {self.name!r} strategy cannot be used on the client side.")
+
+    def on_server_conflict(self, conflict: Conflict) -> NoReturn:
+        """Resolve a conflict found when the duplicate was about to run."""
+        raise TypeError(f"The {self.name!r} strategy cannot be used on the server side.")

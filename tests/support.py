@@ -1,0 +1,139 @@
+"""Test helpers shared by the suites: an environment of broker, backend and workers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import dramatiq
+from dramatiq import Message, Worker
+from dramatiq.middleware import TimeLimit
+
+from dramatiq_unique import LockBackend, UniqueJobs
+from dramatiq_unique.backends import Holder
+from dramatiq_unique.keys import enqueue_key, run_key
+
+#: Retries that keep failing tests short.
+FAST_RETRIES = {"min_backoff": 10, "max_backoff": 40}
+
+
+class Env:
+    """A broker with UniqueJobs on it, the backend, and the workers a test starts."""
+
+    def __init__(self, kind: str, broker, backend: LockBackend, middleware: UniqueJobs, queue_suffix: str = ""):
+        self.kind = kind
+        self.broker = broker
+        self.backend = backend
+        self.middleware = middleware
+        self.queue_suffix = queue_suffix
+        self.workers: list[Worker] = []
+        broker.add_middleware(middleware, before=TimeLimit)
+        dramatiq.set_broker(broker)
+
+    def run(self):
+        try:
+            yield self
+        finally:
+            for worker in self.workers:
+                worker.stop()
+            queues = list(self.broker.get_declared_queues())
+            self.broker.flush_all()
+            if self.kind == "rabbitmq":
+                for queue in queues:
+                    for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
+                        self.broker.channel.queue_delete(name)
+            self.broker.close()
+
+    def actor(self, fn: Callable | None = None, **options: Any):
+        """Declare an actor on this broker, with fast retries unless told otherwise."""
+        options = {**FAST_RETRIES, **options}
+        if self.queue_suffix:
+            options["queue_name"] = f"{options.get('queue_name', 'default')}_{self.queue_suffix}"
+        if fn is None:
+            return lambda fn: dramatiq.actor(fn, broker=self.broker, **options)
+        return dramatiq.actor(fn, broker=self.broker, **options)
+
+    def worker(self, threads: int = 4) -> Worker:
+        worker = Worker(self.broker, worker_timeout=100, worker_threads=threads)
+        worker.start()
+        self.workers.append(worker)
+        return worker
+
+    def join(self, *actors) -> None:
+        """Wait until every message of these actors' queues, delayed ones included, was processed."""
+        for _ in range(2):  # a message processed last may enqueue a retry
+            for actor in actors:
+                if self.kind == "stub":
+                    self.broker.join(actor.queue_name, fail_fast=False, timeout=30_000)
+                elif self.kind == "redis":
+                    self.broker.join(actor.queue_name, timeout=30_000)
+                else:
+                    self.broker.join(actor.queue_name, min_successes=5, idle_time=50, timeout=30_000)
+            for worker in self.workers:
+                worker.join()
+
+    def dead_letters(self, actor) -> list[Message]:
+        """The messages of this actor's queue that ended in its dead-letter queue."""
+        queue = actor.queue_name
+        if self.kind == "stub":
+            return [m._message for m in self.broker.dead_letters_by_queue[queue]]
+        if self.kind == "redis":
+            payloads = self.broker.client.hvals(f"{self.broker.namespace}:{queue}.XQ.msgs")
+            return [Message.decode(p) for p in payloads]
+        messages = []
+        while True:
+            _, _, body = self.broker.channel.basic_get(f"{queue}.XQ", auto_ack=True)
+            if body is None:
+                return messages
+            messages.append(Message.decode(body))
+
+    def is_free(self, digest: str, *, run: bool = False, prefix: str = "dramatiq-unique") -> bool:
+        """Whether nobody holds the lock: probe it with a place of our own, then give it back."""
+        key = run_key(prefix, digest) if run else enqueue_key(prefix, digest)
+        probe = Holder(message_id="probe", actor="probe", queue="probe", lock="probe", state="queued")
+        acquisition = self.backend.acquire(key, "probe", limit=1, ttl=60_000, holder=probe)
+        if acquisition.acquired:
+            self.backend.release(key, "probe")
+        return acquisition.acquired
+
+
+class Gate:
+    """Blocks actors until the test opens it; counts concurrent runs per key."""
+
+    def __init__(self):
+        self._open = threading.Event()
+        self._mutex = threading.Lock()
+        self.runs: list[Any] = []
+        self.running: dict[Any, int] = {}
+        self.max_running: dict[Any, int] = {}
+
+    def open(self) -> None:
+        self._open.set()
+
+    def enter(self, key: Any, hold: float = 0.0) -> None:
+        """Record a run of ``key``, wait for the gate (and ``hold`` seconds), then leave."""
+        with self._mutex:
+            self.runs.append(key)
+            self.running[key] = self.running.get(key, 0) + 1
+            self.max_running[key] = max(self.max_running.get(key, 0), self.running[key])
+        try:
+            self._open.wait(10)
+            if hold:
+                time.sleep(hold)
+        finally:
+            with self._mutex:
+                self.running[key] -= 1
+
+    def count(self, key: Any) -> int:
+        with self._mutex:
+            return self.runs.count(key)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout:.1f}s")
+        time.sleep(interval)
