@@ -286,6 +286,27 @@ def test_a_lapsed_lock_does_not_stop_its_message(env):
     assert enqueue_outcome(first).holder != enqueue_outcome(second).holder
 
 
+def test_a_lapsed_lock_is_taken_again_when_its_message_starts(env):
+    # L9: the message that outlived its lock's TTL in the queue re-takes the free lock for its run.
+    gate = Gate()
+
+    @env.actor(lock="until_executed", lock_ttl=150)
+    def settle(event_id):
+        gate.enter(event_id)
+
+    message = settle.send("evt_1")
+    time.sleep(0.25)
+    assert env.is_free(enqueue_outcome(message).digest)  # lapsed while queued
+    env.worker()
+    wait_for(lambda: gate.count("evt_1") == 1)
+    duplicate = settle.send("evt_1")
+    assert not enqueue_outcome(duplicate).enqueued
+    assert enqueue_outcome(duplicate).holder == message.message_id
+    gate.open()
+    env.join(settle)
+    assert gate.runs == ["evt_1"]
+
+
 def test_actors_without_lock_are_untouched(env):
     runs = []
 

@@ -1,0 +1,206 @@
+"""One suite, two backends: StubBackend must behave as RedisBackend does (SPEC S1-S4, L8, L10)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from dramatiq_unique import LockBackendError, RedisBackend, StubBackend
+from dramatiq_unique.backends import Holder
+
+
+def holder(message_id: str, state: str = "queued") -> Holder:
+    return Holder(message_id=message_id, actor="settle", queue="payments", lock="until_executed", state=state)
+
+
+@pytest.fixture(params=["stub", "redis"])
+def backend(request):
+    if request.param == "stub":
+        return StubBackend()
+    return RedisBackend(client=request.getfixturevalue("redis_client"))
+
+
+KEY = "dramatiq-unique:{abc}"
+RUN_KEY = "dramatiq-unique:{abc}:run"
+
+
+def acquire(backend, owner, *, key=KEY, limit=1, ttl=None, extend=0):
+    return backend.acquire(key, owner, limit=limit, ttl=ttl, holder=holder(owner), extend=extend)
+
+
+def test_one_holder_at_a_time(backend):
+    first = acquire(backend, "m1")
+    second = acquire(backend, "m2")
+    assert first.acquired and first.token is not None
+    assert not second.acquired
+    assert second.holders == ("m1",)
+
+
+def test_reentry_keeps_the_place_and_its_token(backend):
+    # L6: the owner re-enters its own lock; the token stays, the expiry only moves later.
+    first = acquire(backend, "m1", ttl=10_000)
+    again = acquire(backend, "m1", ttl=1_000)
+    assert again.acquired
+    assert again.token == first.token
+    assert again.expires_at == first.expires_at
+    later = acquire(backend, "m1", ttl=1_000, extend=60_000)
+    assert later.expires_at >= first.expires_at + 50_000
+
+
+def test_release_is_owner_checked(backend):
+    # S2: nobody can release a place they do not hold.
+    acquire(backend, "m1")
+    assert backend.release(KEY, "m2") is False
+    assert not acquire(backend, "m2").acquired
+    assert backend.release(KEY, "m1") is True
+    assert backend.release(KEY, "m1") is False
+    assert acquire(backend, "m2").acquired
+
+
+def test_limit_counts_places(backend):
+    # L8
+    results = [acquire(backend, f"m{i}", limit=3) for i in range(5)]
+    assert [r.acquired for r in results] == [True, True, True, False, False]
+    assert set(results[3].holders) == {"m0", "m1", "m2"}
+    backend.release(KEY, "m1")
+    assert acquire(backend, "m9", limit=3).acquired
+
+
+def test_a_lapsed_place_is_free_again(backend):
+    acquire(backend, "m1", ttl=50)
+    time.sleep(0.08)
+    assert acquire(backend, "m2", ttl=50).acquired
+
+
+def test_a_lapsed_place_of_one_holder_frees_only_that_place(backend):
+    acquire(backend, "m1", limit=2, ttl=50)
+    acquire(backend, "m2", limit=2, ttl=None)
+    time.sleep(0.08)
+    assert acquire(backend, "m3", limit=2).acquired
+    assert not acquire(backend, "m4", limit=2).acquired
+
+
+def test_tokens_increase_with_every_acquisition(backend):
+    # L10: across releases, across holders, even after the lock was gone entirely.
+    tokens = []
+    for i in range(20):
+        acquisition = acquire(backend, f"m{i}")
+        tokens.append(acquisition.token)
+        backend.release(KEY, f"m{i}")
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+def test_tokens_increase_within_one_microsecond_burst(backend):
+    tokens = [acquire(backend, f"m{i}", limit=100).token for i in range(50)]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 50
+
+
+def test_swap_takes_the_run_lock_and_gives_up_the_enqueue_lock(backend):
+    # L5 in one atomic step.
+    acquire(backend, "m1")
+    swapped = backend.swap(
+        release_key=KEY,
+        release_owner="m1",
+        acquire_key=RUN_KEY,
+        owner="t1",
+        limit=1,
+        ttl=None,
+        holder=holder("m1", "running"),
+    )
+    assert swapped.acquired
+    assert acquire(backend, "m2").acquired  # the enqueue lock is free
+    assert not acquire(backend, "x", key=RUN_KEY).acquired  # the run lock is held
+
+
+def test_swap_that_conflicts_keeps_the_enqueue_lock(backend):
+    acquire(backend, "t0", key=RUN_KEY)
+    acquire(backend, "m1")
+    swapped = backend.swap(
+        release_key=KEY,
+        release_owner="m1",
+        acquire_key=RUN_KEY,
+        owner="t1",
+        limit=1,
+        ttl=None,
+        holder=holder("m1", "running"),
+    )
+    assert not swapped.acquired
+    assert swapped.holders == ("t0",)
+    assert not acquire(backend, "m2").acquired  # m1 still holds the enqueue lock
+
+
+def test_redis_records_who_holds_the_lock_with_server_time(redis_client):
+    # S3: holder, actor, queue, lock type, state, acquired-at and TTL from the server clock.
+    backend = RedisBackend(client=redis_client)
+    acquisition = acquire(backend, "m1", ttl=5_000)
+    record = redis_client.hget(KEY, "m1").decode()
+    expires_at, token, acquired_at, holder_json = record.split("|", 3)
+    server_seconds, server_micros = redis_client.time()
+    server_now = server_seconds * 1000 + server_micros // 1000
+    assert int(token) == acquisition.token
+    assert int(expires_at) == acquisition.expires_at == int(acquired_at) + 5_000
+    assert server_now - 1_000 < int(acquired_at) <= server_now
+    assert '"message_id":"m1"' in holder_json and '"state":"queued"' in holder_json
+    assert 4_000 < redis_client.pttl(KEY) <= 5_000
+
+
+def test_redis_keys_go_with_their_last_holder(redis_client):
+    # S4: a free lock leaves no key behind.
+    backend = RedisBackend(client=redis_client)
+    acquire(backend, "m1")
+    backend.release(KEY, "m1")
+    assert redis_client.keys("*") == []
+
+
+def test_redis_recovers_from_a_flushed_script_cache(redis_client):
+    # S1: scripts are called by SHA and reloaded after NOSCRIPT (a restart or failover).
+    backend = RedisBackend(client=redis_client)
+    acquire(backend, "m1")
+    redis_client.script_flush()
+    assert not acquire(backend, "m2").acquired
+    assert backend.release(KEY, "m1")
+
+
+def test_redis_one_script_call_per_transition(redis_client):
+    # S1: each transition is one EVALSHA; no command is sent outside the scripts.
+    backend = RedisBackend(client=redis_client)
+
+    def lifecycle(owner):
+        acquire(backend, owner)
+        backend.swap(
+            release_key=KEY,
+            release_owner=owner,
+            acquire_key=RUN_KEY,
+            owner=f"run-{owner}",
+            limit=1,
+            ttl=None,
+            holder=holder(owner, "running"),
+        )
+        backend.release(RUN_KEY, f"run-{owner}")
+
+    lifecycle("warm")  # loads the scripts
+    redis_client.config_resetstat()
+    lifecycle("m1")
+    stats = redis_client.info("commandstats")
+    calls = {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()}
+    calls.pop("info", None)
+    calls.pop("config|resetstat", None)
+    assert calls.pop("evalsha") == 3
+    # What is left ran inside the scripts.
+    assert set(calls) <= {"time", "hgetall", "hget", "hset", "hdel", "del", "pexpireat", "persist"}
+
+
+def test_redis_works_with_decoded_responses(redis_url):
+    backend = RedisBackend(client=redis.Redis.from_url(redis_url, decode_responses=True))
+    assert acquire(backend, "m1").acquired
+    assert acquire(backend, "m2").holders == ("m1",)
+
+
+def test_redis_outage_raises_lock_backend_error_without_the_password():
+    # S6 "raise" + S7: the error says what failed, never the credentials.
+    backend = RedisBackend(url="redis://:s3cret@127.0.0.1:1/0", socket_connect_timeout=0.2)
+    with pytest.raises(LockBackendError) as excinfo:
+        acquire(backend, "m1")
+    assert "s3cret" not in str(excinfo.value)

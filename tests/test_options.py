@@ -1,0 +1,201 @@
+"""Options, validation and the digest (SPEC D1-D6)."""
+
+from __future__ import annotations
+
+import dramatiq
+import pytest
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import TimeLimit
+
+from dramatiq_unique import InvalidLockOptions, LockArgumentsError, StubBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique.digest import compute_digest
+from dramatiq_unique.keys import enqueue_key
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"lock": "until_done"}, ["'until_done'", "lock", "'until_executed'", "'while_executing'"]),
+        ({"lock": "until_executed", "on_conflict": "shrug"}, ["on_conflict", "'shrug'", "'log'"]),
+        ({"lock": "until_executed", "on_conflict": {"clent": "log"}}, ["on_conflict", "'clent'", "'client'"]),
+        ({"lock": "until_executed", "on_conflict": {"server": "nope"}}, ["on_conflict", "server", "'log'"]),
+        ({"lock": "until_expired"}, ["until_expired", "lock_ttl"]),
+        ({"lock": "until_executed", "lock_limit": 0}, ["lock_limit=0", ">= 1"]),
+        ({"lock": "until_executed", "lock_limit": "2"}, ["lock_limit='2'"]),
+        ({"lock": "until_executed", "lock_limit": True}, ["lock_limit=True"]),
+        ({"lock": "until_executed", "lock_ttl": -5}, ["lock_ttl=-5", "milliseconds"]),
+        ({"lock": "until_executed", "lock_ttl": 1.5}, ["lock_ttl=1.5"]),
+        ({"lock": "until_executed", "lock_args_method": "first"}, ["lock_args_method='first'", "callable"]),
+        ({"lock": "until_executed", "lock_prefix": "app:{x}"}, ["lock_prefix", "'{'"]),
+        ({"lock": "until_executed", "unique_across_queues": "yes"}, ["unique_across_queues='yes'"]),
+        ({"lock": "until_executed", "reschedule_delay": -1}, ["reschedule_delay=-1"]),
+        ({"lock": "until_executed", "max_reschedules": -1}, ["max_reschedules=-1"]),
+    ],
+)
+def test_invalid_options_fail_when_the_actor_is_declared(stub_env, options, expected):
+    # D5: a ValueError that names the actor, the option, the bad value and the valid choices.
+    with pytest.raises(ValueError) as excinfo:
+
+        @dramatiq.actor(**options)
+        def sync_account_balance(account_id):
+            pass
+
+    assert isinstance(excinfo.value, InvalidLockOptions)
+    text = str(excinfo.value)
+    assert "'sync_account_balance'" in text
+    for fragment in expected:
+        assert fragment in text
+    assert "sync_account_balance" not in stub_env.broker.actors
+
+
+def test_misspelled_options_are_rejected_by_dramatiq(stub_env):
+    with pytest.raises(ValueError, match="lock_tll"):
+
+        @dramatiq.actor(lock="until_executed", lock_tll=1000)
+        def job():
+            pass
+
+
+def test_invalid_middleware_defaults_fail_in_the_constructor():
+    with pytest.raises(InvalidLockOptions, match="UniqueJobs has an invalid lock_limit=0"):
+        UniqueJobs(backend=StubBackend(), lock_limit=0)
+
+
+def test_middleware_defaults_apply_to_every_actor():
+    broker = StubBroker()
+    broker.add_middleware(UniqueJobs(backend=StubBackend(), lock="until_executed"), before=TimeLimit)
+
+    @dramatiq.actor(broker=broker)
+    def job(x):
+        pass
+
+    @dramatiq.actor(broker=broker, lock=None)
+    def free(x):
+        pass
+
+    assert enqueue_outcome(job.send(1)).enqueued
+    assert not enqueue_outcome(job.send(1)).enqueued
+    assert enqueue_outcome(free.send(1)).enqueued and enqueue_outcome(free.send(1)).enqueued
+
+
+def test_a_message_can_override_its_actors_options(env):
+    @env.actor(lock="until_executed")
+    def job(x):
+        pass
+
+    assert enqueue_outcome(job.send_with_options(args=(1,), lock_limit=2)).enqueued
+    assert enqueue_outcome(job.send_with_options(args=(1,), lock_limit=2)).enqueued
+    assert not enqueue_outcome(job.send(1)).enqueued
+    assert enqueue_outcome(job.send_with_options(args=(1,), lock=None)).enqueued
+
+
+def test_an_invalid_message_override_fails_at_send_and_enqueues_nothing(env):
+    runs = []
+
+    @env.actor(lock="until_executed")
+    def job(x):
+        runs.append(x)
+
+    with pytest.raises(InvalidLockOptions, match="'job'.*lock_limit=-1"):
+        job.send_with_options(args=(1,), lock_limit=-1)
+    env.worker()
+    env.join(job)
+    assert runs == []
+    assert enqueue_outcome(job.send(1)).enqueued  # and nothing was locked
+
+
+def test_a_failing_lock_args_method_fails_the_send_and_locks_nothing(env):
+    # D6: send() raises an error naming the actor and the cause; nothing enqueued, nothing locked.
+    runs = []
+
+    def account_only(account_id, requested_at):
+        return [account_id["id"]]
+
+    @env.actor(lock="until_executed", lock_args_method=account_only)
+    def sync(account_id, requested_at):
+        runs.append(account_id)
+
+    with pytest.raises(LockArgumentsError) as excinfo:
+        sync.send(42, "2026-11-29")
+    assert "'sync'" in str(excinfo.value) and "TypeError" in str(excinfo.value)
+    env.worker()
+    env.join(sync)
+    assert runs == []
+    assert enqueue_outcome(sync.send({"id": 42}, "2026-11-29")).enqueued
+
+
+def test_lock_args_that_are_not_json_fail_the_send(env):
+    # D6
+    @env.actor(lock="until_executed", lock_args_method=lambda x: {x})
+    def job(x):
+        pass
+
+    with pytest.raises(LockArgumentsError, match="'job'.*not JSON-serialisable"):
+        job.send(1)
+
+
+def test_the_digest_is_sha256_of_actor_queue_and_arguments():
+    # D1
+    def digest(actor="a", queue="q", args=(1,), **flags):
+        return compute_digest(
+            actor_name=actor,
+            queue_name=queue,
+            lock_args=args,
+            unique_across_actors=flags.get("across_actors", False),
+            unique_across_queues=flags.get("across_queues", False),
+        )
+
+    assert len(digest()) == 64 and int(digest(), 16) >= 0
+    assert digest() == digest(queue="q.DQ") == digest(queue="q.XQ")  # the canonical queue
+    assert digest() != digest(actor="b") and digest() != digest(queue="r") and digest() != digest(args=(2,))
+    # D3
+    assert digest(actor="b", across_actors=True) == digest(across_actors=True)
+    assert digest(queue="r", across_queues=True) == digest(across_queues=True)
+    # Key order of mappings does not matter; arguments cannot steer the key name.
+    assert digest(args={"a": 1, "b": 2}) == digest(args={"b": 2, "a": 1})
+    tricky = digest(args=["} :run {x"])
+    assert enqueue_key("dramatiq-unique", tricky) == "dramatiq-unique:{" + tricky + "}"
+
+
+def test_lock_args_method_narrows_the_digest(env):
+    # D2: only the account decides uniqueness; the timestamp does not.
+    @env.actor(lock="until_executed", lock_args_method=lambda account_id, requested_at=None: [account_id])
+    def sync(account_id, requested_at=None):
+        pass
+
+    first = sync.send(42, requested_at="09:00")
+    second = sync.send(42, requested_at="09:05")
+    assert enqueue_outcome(first).enqueued
+    assert not enqueue_outcome(second).enqueued
+    assert enqueue_outcome(sync.send(43, requested_at="09:05")).enqueued
+
+
+def test_unique_across_actors_shares_one_lock(env):
+    # D3
+    @env.actor(lock="until_executed", unique_across_actors=True)
+    def charge(order_id):
+        pass
+
+    @env.actor(lock="until_executed", unique_across_actors=True)
+    def refund(order_id):
+        pass
+
+    assert enqueue_outcome(charge.send(7)).enqueued
+    assert not enqueue_outcome(refund.send(7)).enqueued
+
+
+def test_unique_across_queues(env):
+    # D3: the same actor sent to two queues shares a lock only with unique_across_queues.
+    @env.actor(lock="until_executed", queue_name="a")
+    def job(x):
+        pass
+
+    @env.actor(lock="until_executed", queue_name="a", unique_across_queues=True)
+    def shared(x):
+        pass
+
+    env.broker.declare_queue("b")
+    assert enqueue_outcome(job.send(1)).enqueued
+    assert enqueue_outcome(env.broker.enqueue(job.message(1).copy(queue_name="b"))).enqueued
+    assert enqueue_outcome(shared.send(1)).enqueued
+    assert not enqueue_outcome(env.broker.enqueue(shared.message(1).copy(queue_name="b"))).enqueued

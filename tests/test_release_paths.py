@@ -1,0 +1,154 @@
+"""Locks are given up on every path, and Dramatiq's own re-enqueues are never blocked (SPEC L6, R5)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
+
+from dramatiq_unique import enqueue_outcome
+
+from .support import wait_for
+
+
+def test_a_message_skipped_by_age_limit_gives_up_its_lock(env):
+    # AgeLimit dead-letters the message before UniqueJobs sees it.
+    runs = []
+
+    @env.actor(lock="until_executed", max_age=50)
+    def settle(event_id):
+        runs.append(event_id)
+
+    message = settle.send("evt_1")
+    time.sleep(0.1)
+    env.worker()
+    env.join(settle)
+    assert runs == []
+    assert [m.message_id for m in env.dead_letters(settle)] == [message.message_id]
+    assert env.is_free(enqueue_outcome(message).digest)
+
+
+class SkipEverything(Middleware):
+    """A middleware after UniqueJobs that skips every message, as dramatiq-abort does on cancel."""
+
+    def before_process_message(self, broker, message):
+        raise SkipMessage("cancelled")
+
+
+@pytest.mark.parametrize("lock", ["while_executing", "until_and_while_executing", "until_executed"])
+def test_a_message_skipped_by_a_later_middleware_gives_up_its_locks(env, lock):
+    runs = []
+
+    @env.actor(lock=lock)
+    def job(key):
+        runs.append(key)
+
+    skipper = SkipEverything()
+    env.broker.add_middleware(skipper)
+    message = job.send("k")
+    env.worker()
+    env.join(job)
+    assert runs == []
+    digest = enqueue_outcome(message).digest
+    if digest:
+        assert env.is_free(digest)
+    env.broker.middleware.remove(skipper)
+    job.send("k")
+    env.join(job)
+    assert runs == ["k"]
+
+
+class FailEnqueue(MiddlewareError):
+    pass
+
+
+class BrokenPublisher(Middleware):
+    """Fails the enqueue after UniqueJobs took the lock, as a broker outage would (R5)."""
+
+    def before_enqueue(self, broker, message, delay):
+        raise FailEnqueue("the broker is down")
+
+
+@pytest.mark.parametrize("lock", ["until_executing", "until_executed", "until_expired", "until_and_while_executing"])
+def test_a_failed_enqueue_gives_up_the_lock_it_took(env, lock):
+    # R5: nothing is lost and no lock is left behind.
+    @env.actor(lock=lock, lock_ttl=60_000)
+    def job(key):
+        pass
+
+    publisher = BrokenPublisher()
+    env.broker.add_middleware(publisher)
+    with pytest.raises(FailEnqueue):
+        job.send("k")
+    env.broker.middleware.remove(publisher)
+    assert enqueue_outcome(job.send("k")).enqueued
+
+
+def test_a_delayed_message_holds_its_lock_through_the_delay(env):
+    # L6: the TTL is extended by the delay; the delay-queue move re-enters the lock.
+    runs = []
+
+    @env.actor(lock="until_executed", lock_ttl=200)
+    def remind(user_id):
+        runs.append(user_id)
+
+    delayed = remind.send_with_options(args=(7,), delay=600)
+    assert enqueue_outcome(delayed).enqueued
+    env.worker()
+    time.sleep(0.35)  # past lock_ttl, within the delay
+    assert not enqueue_outcome(remind.send(7)).enqueued
+    wait_for(lambda: runs == [7], timeout=5)
+    env.join(remind)
+    assert runs == [7]
+
+
+def test_a_retry_is_never_blocked_even_when_its_lock_was_taken_meanwhile(env):
+    # L6: the lock lapsed while the first attempt ran and another message took it;
+    # the retry of the first message must still be enqueued and run.
+    attempts = []
+    second_sent = threading.Event()
+
+    @env.actor(
+        lock="until_executed",
+        lock_ttl=300,
+        min_backoff=50,
+        max_backoff=50,
+        lock_args_method=lambda event_id, attempt_of: [event_id],
+    )
+    def settle(event_id, attempt_of):
+        attempts.append(attempt_of)
+        if attempts == ["first"]:
+            second_sent.wait(5)
+            raise RuntimeError("provider timeout")
+
+    settle.send("evt_1", "first")
+    env.worker(threads=1)
+    wait_for(lambda: attempts == ["first"])
+    time.sleep(0.4)  # the first message's lock lapses while it runs...
+    second = settle.send("evt_1", "second")  # ...and the second message takes it
+    assert enqueue_outcome(second).enqueued
+    second_sent.set()  # the first attempt fails now; its retry meets the second's lock
+    env.join(settle)
+    assert sorted(attempts) == ["first", "first", "second"]
+
+
+def test_a_retry_extends_the_lock_over_its_backoff(env):
+    # L6: a retry re-enters the lock with its delay, so duplicates stay out while it waits.
+    attempts = []
+
+    @env.actor(lock="until_executed", lock_ttl=150, min_backoff=500, max_backoff=500)
+    def settle(event_id):
+        attempts.append(event_id)
+        if len(attempts) == 1:
+            raise RuntimeError("provider timeout")
+
+    message = settle.send("evt_1")
+    env.worker()
+    wait_for(lambda: len(attempts) == 1)
+    time.sleep(0.3)  # past lock_ttl, inside the backoff
+    assert not enqueue_outcome(settle.send("evt_1")).enqueued
+    env.join(settle)
+    assert attempts == ["evt_1", "evt_1"]
+    assert env.is_free(enqueue_outcome(message).digest)
