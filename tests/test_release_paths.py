@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
+import dramatiq
 import pytest
+from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
-from dramatiq_unique import enqueue_outcome
+from dramatiq_unique import StubBackend, UniqueJobs, enqueue_outcome
 
-from .support import wait_for
+from .support import Gate, wait_for
 
 
 def test_a_message_skipped_by_age_limit_gives_up_its_lock(env):
@@ -152,3 +155,45 @@ def test_a_retry_extends_the_lock_over_its_backoff(env):
     env.join(settle)
     assert attempts == ["evt_1", "evt_1"]
     assert env.is_free(enqueue_outcome(message).digest)
+
+
+def test_messages_requeued_on_worker_shutdown_keep_their_locks(redis_env):
+    # Worker.stop gives prefetched messages back to the broker without any hook:
+    # they keep their enqueue locks, run on the next worker, and free them then.
+    # (RedisBroker only: StubBroker's join never settles after a requeue.)
+    env = redis_env
+    gate = Gate()
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        gate.enter(event_id, hold=0.05)
+
+    messages = [settle.send(f"evt_{i}") for i in range(4)]
+    worker = env.worker(threads=1)
+    wait_for(lambda: len(gate.runs) == 1)
+    gate.open()
+    worker.stop()
+    env.workers.remove(worker)
+    unstarted = [m for m in messages if f"evt_{messages.index(m)}" not in gate.runs]
+    assert unstarted, "the worker was expected to stop with messages left over"
+    for message in unstarted:
+        assert not env.is_free(enqueue_outcome(message).digest)
+        assert not enqueue_outcome(settle.send(message.args[0])).enqueued
+
+    env.worker(threads=2)
+    env.join(settle)
+    assert sorted(gate.runs) == [f"evt_{i}" for i in range(4)]
+    assert all(env.is_free(enqueue_outcome(m).digest) for m in messages)
+
+
+def test_adding_the_middleware_after_retries_warns(caplog):
+    broker = StubBroker()
+    broker.add_middleware(UniqueJobs(backend=StubBackend()))
+
+    with caplog.at_level(logging.WARNING):
+
+        @dramatiq.actor(broker=broker, lock="until_executed")
+        def job():
+            pass
+
+    assert "added after Retries" in caplog.text
