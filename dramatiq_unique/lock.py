@@ -53,7 +53,12 @@ class MessageLock:
         self.logger = logger
         outcome = enqueue_outcome(message)
         #: Whether the message holds its enqueue lock, as far as this process knows.
-        self.holds_enqueue = config.lock.locks_at_enqueue and outcome.enqueued and outcome.digest == digest
+        self.holds_enqueue = (
+            config.lock.locks_at_enqueue
+            and outcome.enqueued
+            and outcome.holder == message.message_id
+            and outcome.digest == digest
+        )
         self.enqueue_token = outcome.token
         self.enqueue_expires_at = outcome.expires_at
         #: The owner of this processing attempt's place in the run lock.
@@ -106,6 +111,9 @@ class MessageLock:
         The lock's TTL is extended by ``delay``, so it covers a delayed message
         until it is due. On success the outcome is recorded in the message.
         """
+        # Until the backend answers, the message may hold the lock: if the
+        # answer is lost, release_enqueue() still gives the place up.
+        self.holds_enqueue = True
         acquisition = self.backend.acquire(
             self.enqueue_key,
             self.message.message_id,
@@ -114,21 +122,25 @@ class MessageLock:
             holder=self._holder("queued"),
             extend=delay or 0,
         )
+        self.holds_enqueue = acquisition.acquired
         if acquisition.acquired:
-            self.holds_enqueue = True
             self.enqueue_token = acquisition.token
             self.enqueue_expires_at = acquisition.expires_at
-            record_outcome(
-                self.message,
-                EnqueueOutcome(
-                    status=ENQUEUED,
-                    digest=self.digest,
-                    holder=self.message.message_id,
-                    token=acquisition.token,
-                    expires_at=acquisition.expires_at,
-                ),
-            )
+            self.record_enqueued()
         return acquisition
+
+    def record_enqueued(self) -> None:
+        """Record in the message that it is enqueued, with its digest and its enqueue lock, if any."""
+        record_outcome(
+            self.message,
+            EnqueueOutcome(
+                status=ENQUEUED,
+                digest=self.digest,
+                holder=self.message.message_id,
+                token=self.enqueue_token if self.holds_enqueue else None,
+                expires_at=self.enqueue_expires_at if self.holds_enqueue else None,
+            ),
+        )
 
     def reenter_enqueue_if_lapsed(self) -> None:
         """Take the enqueue lock again if its TTL may have run out before the

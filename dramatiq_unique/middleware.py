@@ -150,14 +150,24 @@ class UniqueJobs(Middleware):
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
         config = self._config_for(message)
-        if config is None or not config.lock.locks_at_enqueue:
+        if config is None:
             return
         if self._is_reenqueue(message):
-            self._reenter(message, config, delay)
+            if config.lock.locks_at_enqueue:
+                self._reenter(message, config, delay)
             return
 
+        # Bad lock arguments fail the send for every lock type (SPEC D6).
         lock = MessageLock.for_message(backend=self.backend, config=config, message=message, logger=self.logger)
-        acquisition = lock.acquire_enqueue(delay)
+        if not config.lock.locks_at_enqueue:
+            lock.record_enqueued()
+            return
+        try:
+            acquisition = lock.acquire_enqueue(delay)
+        except LockBackendError:
+            # The script may have run and only its answer been lost.
+            self._release(lock.release_enqueue, message, "after the lock backend failed to answer")
+            raise
         if acquisition.acquired:
             self._local.taken = lock
             return
@@ -173,7 +183,7 @@ class UniqueJobs(Middleware):
         """Whether this is Dramatiq enqueuing a message again (a retry, a
         delay-queue move, a publish retry) rather than a new send (SPEC L6)."""
         recorded = message.options.get(OUTCOME_OPTION)
-        if recorded and recorded["status"] == ENQUEUED:
+        if recorded and recorded["status"] == ENQUEUED and recorded.get("holder") == message.message_id:
             return True
         processing = getattr(self._local, "processing", None)
         return processing is not None and processing.message.message_id == message.message_id
@@ -193,7 +203,8 @@ class UniqueJobs(Middleware):
             return
         if not acquisition.acquired:
             self.logger.warning(
-                "Message %r of actor %r is enqueued again although its lock %r lapsed and is now held by message %s.",
+                "Message %r of actor %r is enqueued again although its lock %r is now held by message %s: "
+                "Dramatiq's own re-enqueues are never blocked.",
                 message.message_id,
                 message.actor_name,
                 lock.digest,
@@ -251,7 +262,8 @@ class UniqueJobs(Middleware):
             release()
         except LockBackendError:
             self.logger.error(
-                "The lock of message %r of actor %r could not be released %s; it stays until its TTL runs out.",
+                "The lock of message %r of actor %r could not be released %s; "
+                "it stays held until its lock_ttl runs out, or for good if it has none.",
                 message.message_id,
                 message.actor_name,
                 when,

@@ -62,17 +62,15 @@ def enqueue_outcome(message: Message[Any]) -> EnqueueOutcome:
     return EnqueueOutcome(
         status=status,
         digest=recorded["digest"],
-        holder=recorded.get("holder", message.message_id),
+        holder=recorded["holder"],
         token=recorded.get("token"),
         expires_at=recorded.get("expires_at"),
     )
 
 
 def record_outcome(message: Message[Any], outcome: EnqueueOutcome) -> None:
-    """Write ``outcome`` into the message's options (its own id is left implied)."""
-    recorded: dict[str, Any] = {"status": outcome.status, "digest": outcome.digest}
-    if outcome.holder != message.message_id:
-        recorded["holder"] = outcome.holder
+    """Write ``outcome`` into the message's options."""
+    recorded: dict[str, Any] = {"status": outcome.status, "digest": outcome.digest, "holder": outcome.holder}
     if outcome.token is not None:
         recorded["token"] = outcome.token
     if outcome.expires_at is not None:

@@ -331,3 +331,15 @@ def _run_digest(env, message):
         unique_across_actors=False,
         unique_across_queues=False,
     )
+
+
+def test_a_copy_of_a_sent_message_is_a_new_message(env):
+    # Re-entrancy is by message_id: a copy under a new id does not pass the original's lock.
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    sent = settle.send("evt_1")
+    copy = env.broker.enqueue(sent.copy(message_id="another-id", queue_name=settle.queue_name))
+    assert not enqueue_outcome(copy).enqueued
+    assert enqueue_outcome(copy).holder == sent.message_id

@@ -199,3 +199,14 @@ def test_unique_across_queues(env):
     assert enqueue_outcome(env.broker.enqueue(job.message(1).copy(queue_name="b"))).enqueued
     assert enqueue_outcome(shared.send(1)).enqueued
     assert not enqueue_outcome(env.broker.enqueue(shared.message(1).copy(queue_name="b"))).enqueued
+
+
+def test_while_executing_checks_lock_arguments_at_send(env):
+    # D6 holds for lock types without an enqueue lock too: the error comes from send(), not the worker.
+    @env.actor(lock="while_executing", lock_args_method=lambda account_id: [account_id["id"]])
+    def sync(account_id):
+        pass
+
+    with pytest.raises(LockArgumentsError, match="'sync'"):
+        sync.send(42)
+    assert enqueue_outcome(sync.send({"id": 42})).digest is not None

@@ -197,3 +197,27 @@ def test_adding_the_middleware_after_retries_warns(caplog):
             pass
 
     assert "added after Retries" in caplog.text
+
+
+def test_a_lost_answer_from_the_backend_leaves_no_lock_behind(redis_client):
+    # The acquire script ran but the client gave up waiting for its answer: send()
+    # raises LockBackendError, and the place the script took is given back.
+    from dramatiq_unique import LockBackendError, RedisBackend
+
+    class SlowAnswers(RedisBackend):
+        def acquire(self, *args, **kwargs):
+            super().acquire(*args, **kwargs)
+            raise LockBackendError("The Redis lock backend failed: TimeoutError: Timeout reading from socket")
+
+    broker = StubBroker()
+    backend = SlowAnswers(client=redis_client)
+    broker.add_middleware(UniqueJobs(backend=backend), before=dramatiq.middleware.TimeLimit)
+
+    @dramatiq.actor(broker=broker, lock="until_executed")
+    def settle(event_id):
+        pass
+
+    with pytest.raises(LockBackendError):
+        settle.send("evt_1")
+    assert broker.queues[settle.queue_name].qsize() == 0
+    assert [k for k in redis_client.keys("dramatiq-unique:*")] == []

@@ -29,18 +29,17 @@ class RedisBackend(LockBackend):
     Parameters:
       client(Redis): An optional client, e.g. a ``RedisCluster``. If this is
         passed, then all other parameters are ignored.
-      url(str): An optional connection URL. If both a URL and connection
-        parameters are provided, the URL is used.
-      **parameters: Connection parameters are passed directly to :class:`redis.Redis`.
+      url(str): An optional connection URL, e.g. ``rediss://user:password@host:6379/1``.
+      **parameters: Connection parameters passed to :class:`redis.Redis`, or
+        added to those of the URL (e.g. ``socket_timeout``).
 
     .. _Redis: https://redis.io
     """
 
     def __init__(self, *, client: redis.Redis | None = None, url: str | None = None, **parameters: Any):
-        if url:
-            parameters["connection_pool"] = redis.ConnectionPool.from_url(url)
-
-        self.client = client or redis.Redis(**parameters)
+        if client is None:
+            client = redis.Redis.from_url(url, **parameters) if url else redis.Redis(**parameters)
+        self.client = client
         self._acquire = self.client.register_script(_script_source("acquire"))
         self._release = self.client.register_script(_script_source("release"))
         self._swap = self.client.register_script(_script_source("swap"))
