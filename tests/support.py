@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,30 @@ from dramatiq_unique.keys import enqueue_key, run_key
 FAST_RETRIES = {"min_backoff": 10, "max_backoff": 40}
 
 
+class Seen(dramatiq.Middleware):
+    """What the broker and workers did: skipped messages (dropped duplicates), enqueues, and a
+    count of every event, which tells ``Env.join`` when nothing moves any more."""
+
+    def __init__(self):
+        self.skipped: list[Message] = []
+        self.enqueues: list[tuple[str, int | None]] = []
+        self.events = 0
+
+    def after_skip_message(self, broker, message):
+        self.skipped.append(message)
+        self.events += 1
+
+    def after_enqueue(self, broker, message, delay):
+        self.enqueues.append((message.message_id, delay))
+        self.events += 1
+
+    def after_process_message(self, broker, message, *, result=None, exception=None):
+        self.events += 1
+
+    def after_nack(self, broker, message):
+        self.events += 1
+
+
 class Env:
     """A broker with UniqueJobs on it, the backend, and the workers a test starts."""
 
@@ -29,7 +54,9 @@ class Env:
         self.middleware = middleware
         self.queue_suffix = queue_suffix
         self.workers: list[Worker] = []
+        self.seen = Seen()
         broker.add_middleware(middleware, before=TimeLimit)
+        broker.add_middleware(self.seen)
         dramatiq.set_broker(broker)
 
     def run(self):
@@ -62,8 +89,9 @@ class Env:
         return worker
 
     def join(self, *actors) -> None:
-        """Wait until every message of these actors' queues, delayed ones included, was processed."""
-        for _ in range(2):  # a message processed last may enqueue a retry
+        """Wait until every message of these actors' queues, delayed ones and retries included, was processed."""
+        while True:
+            before = self.seen.events
             for actor in actors:
                 if self.kind == "stub":
                     self.broker.join(actor.queue_name, fail_fast=False, timeout=30_000)
@@ -73,6 +101,18 @@ class Env:
                     self.broker.join(actor.queue_name, min_successes=5, idle_time=50, timeout=30_000)
             for worker in self.workers:
                 worker.join()
+            # A retry or a due delayed message may be on its way back through the broker.
+            time.sleep(0.05)
+            if self.seen.events == before:
+                return
+
+    def waiting(self, actor) -> int:
+        """How many messages wait in the actor's queue, not yet fetched by a worker."""
+        if self.kind == "stub":
+            return self.broker.queues[actor.queue_name].qsize()
+        if self.kind == "redis":
+            return self.broker.client.llen(f"{self.broker.namespace}:{actor.queue_name}")
+        return self.broker.get_queue_message_counts(actor.queue_name)[0]
 
     def dead_letters(self, actor) -> list[Message]:
         """The messages of this actor's queue that ended in its dead-letter queue."""
@@ -82,12 +122,21 @@ class Env:
         if self.kind == "redis":
             payloads = self.broker.client.hvals(f"{self.broker.namespace}:{queue}.XQ.msgs")
             return [Message.decode(p) for p in payloads]
-        messages = []
-        while True:
-            _, _, body = self.broker.channel.basic_get(f"{queue}.XQ", auto_ack=True)
-            if body is None:
-                return messages
+        # RabbitMQ: the consumer nacks after the worker is done, so wait for the count to settle;
+        # then read the dead letters and put them back.
+        counts = None
+        while counts != (counts := self.broker.get_queue_message_counts(queue)[2]):
+            time.sleep(0.2)
+        messages, last_tag = [], None
+        for _ in range(counts):
+            method, _, body = self.broker.channel.basic_get(f"{queue}.XQ", auto_ack=False)
+            if method is None:
+                break
+            last_tag = method.delivery_tag
             messages.append(Message.decode(body))
+        if last_tag is not None:
+            self.broker.channel.basic_nack(delivery_tag=last_tag, multiple=True, requeue=True)
+        return messages
 
     def is_free(self, digest: str, *, run: bool = False, prefix: str = "dramatiq-unique") -> bool:
         """Whether nobody holds the lock: probe it with a place of our own, then give it back."""
@@ -137,3 +186,10 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: flo
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout:.1f}s")
         time.sleep(interval)
+
+
+def unique_warnings(caplog) -> list[str]:
+    """The WARNING and ERROR lines dramatiq_unique logged."""
+    return [
+        r.getMessage() for r in caplog.records if r.name.startswith("dramatiq_unique") and r.levelno >= logging.WARNING
+    ]
