@@ -2,9 +2,18 @@
 
 from .backends import LockBackend, RedisBackend, StubBackend
 from .current import HeldLock, current_lock
-from .errors import EnqueueCancelled, InvalidLockOptions, LockArgumentsError, LockBackendError, UniqueError
+from .errors import (
+    DuplicateMessage,
+    EnqueueCancelled,
+    InvalidLockOptions,
+    LockArgumentsError,
+    LockBackendError,
+    LockConflict,
+    UniqueError,
+)
 from .middleware import UniqueJobs
 from .outcome import EnqueueOutcome, enqueue_outcome
+from .strategies import ConflictStrategy, register_strategy
 
 __all__ = [
     # Middleware
@@ -13,6 +22,9 @@ __all__ = [
     "LockBackend",
     "RedisBackend",
     "StubBackend",
+    # Conflict strategies
+    "ConflictStrategy",
+    "register_strategy",
     # Inside and around actors
     "HeldLock",
     "current_lock",
@@ -23,6 +35,8 @@ __all__ = [
     "InvalidLockOptions",
     "LockArgumentsError",
     "LockBackendError",
+    "DuplicateMessage",
+    "LockConflict",
     "EnqueueCancelled",
 ]
 

@@ -8,6 +8,7 @@ ignored while the message is enqueued or run anyway.
 
 from __future__ import annotations
 
+from dramatiq import Retry
 from dramatiq.middleware import MiddlewareError
 
 
@@ -25,6 +26,33 @@ class LockArgumentsError(UniqueError, ValueError):
 
 class LockBackendError(UniqueError):
     """Raised when the lock backend cannot be reached or fails to answer."""
+
+
+class DuplicateMessage(UniqueError):
+    """Raised by ``send()`` when the lock is held and the actor's client strategy is ``raise``.
+
+    Parameters:
+      digest(str): The lock's digest.
+      holder(str): The message_id of a message that holds the lock.
+    """
+
+    def __init__(self, reason: str, *, digest: str, holder: str):
+        super().__init__(reason)
+        self.digest = digest
+        self.holder = holder
+
+
+class LockConflict(UniqueError, Retry):
+    """Raised in the worker when the lock is held and the actor's server strategy is ``raise``.
+
+    It takes Dramatiq's exception path, so Retries retries the message with
+    backoff; being a :class:`dramatiq.Retry`, it is not logged as an error.
+    """
+
+    def __init__(self, reason: str, *, digest: str, holder: str):
+        Retry.__init__(self, reason)
+        self.digest = digest
+        self.holder = holder
 
 
 class EnqueueCancelled(UniqueError):

@@ -16,3 +16,8 @@ def enqueue_key(prefix: str, digest: str) -> str:
 def run_key(prefix: str, digest: str) -> str:
     """The key of the lock taken while a message runs."""
     return f"{prefix}:{{{digest}}}:run"
+
+
+def replaced_key(prefix: str, digest: str) -> str:
+    """The key of the set of queued messages whose place a newer message took (``replace``)."""
+    return f"{prefix}:{{{digest}}}:replaced"

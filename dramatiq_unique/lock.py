@@ -13,9 +13,10 @@ from dramatiq import Message
 from dramatiq.common import q_name
 
 from .backends import Acquisition, Holder, LockBackend
+from .backends.base import HELD, LAPSED, SUPERSEDED
 from .current import HeldLock
 from .digest import compute_digest, lock_arguments
-from .keys import enqueue_key, run_key
+from .keys import enqueue_key, replaced_key, run_key
 from .options import LockConfig
 from .outcome import ENQUEUED, EnqueueOutcome, enqueue_outcome, record_outcome
 
@@ -66,6 +67,8 @@ class MessageLock:
         self.run_token: int | None = None
         #: Whether Dramatiq enqueued the message again while it was being processed.
         self.requeued = False
+        #: Whether a newer message took this queued message's place (``replace``): it must not run.
+        self.superseded = False
 
     @classmethod
     def for_message(
@@ -95,6 +98,10 @@ class MessageLock:
     def run_key(self) -> str:
         return run_key(self.config.lock_prefix, self.digest)
 
+    @property
+    def replaced_key(self) -> str:
+        return replaced_key(self.config.lock_prefix, self.digest)
+
     def held(self) -> HeldLock | None:
         """The lock the message holds while its actor runs."""
         if self.run_token is not None:
@@ -105,31 +112,41 @@ class MessageLock:
             return None
         return HeldLock(digest=self.digest, token=token, lock=self.config.lock.name, message_id=self.message.message_id)
 
-    def acquire_enqueue(self, delay: int | None = None) -> Acquisition:
+    def acquire_enqueue(self, delay: int | None = None, *, may_replace: bool = True) -> Acquisition:
         """Take the enqueue lock, or re-enter it when the message holds it already.
 
         The lock's TTL is extended by ``delay``, so it covers a delayed message
-        until it is due. On success the outcome is recorded in the message.
+        until it is due. With the ``replace`` strategy (and ``may_replace``), a
+        full lock gives up its oldest queued holder's place. On success the
+        outcome is recorded in the message.
         """
         # Until the backend answers, the message may hold the lock: if the
         # answer is lost, release_enqueue() still gives the place up.
         self.holds_enqueue = True
-        acquisition = self.backend.acquire(
-            self.enqueue_key,
-            self.message.message_id,
-            limit=self.config.lock_limit,
-            ttl=self.config.lock_ttl,
-            holder=self._holder("queued"),
-            extend=delay or 0,
-        )
+        place = dict(limit=self.config.lock_limit, ttl=self.config.lock_ttl, holder=self._holder("queued"))
+        if may_replace and self.config.client_strategy.replaces_queued_holders:
+            acquisition = self.backend.replace(
+                self.enqueue_key, self.message.message_id, replaced_key=self.replaced_key, extend=delay or 0, **place
+            )
+        else:
+            acquisition = self.backend.acquire(self.enqueue_key, self.message.message_id, extend=delay or 0, **place)
         self.holds_enqueue = acquisition.acquired
         if acquisition.acquired:
             self.enqueue_token = acquisition.token
             self.enqueue_expires_at = acquisition.expires_at
-            self.record_enqueued()
+            self.record_enqueued(replaced=acquisition.replaced)
+        if acquisition.replaced:
+            self.logger.info(
+                "Message %r of actor %r took lock %r from queued message %r, which will be skipped "
+                "(strategy 'replace').",
+                self.message.message_id,
+                self.message.actor_name,
+                self.digest,
+                acquisition.replaced,
+            )
         return acquisition
 
-    def record_enqueued(self) -> None:
+    def record_enqueued(self, replaced: str | None = None) -> None:
         """Record in the message that it is enqueued, with its digest and its enqueue lock, if any."""
         record_outcome(
             self.message,
@@ -139,8 +156,27 @@ class MessageLock:
                 holder=self.message.message_id,
                 token=self.enqueue_token if self.holds_enqueue else None,
                 expires_at=self.enqueue_expires_at if self.holds_enqueue else None,
+                replaced=replaced,
             ),
         )
+
+    def start_releasing_enqueue(self) -> None:
+        """The message starts and gives its enqueue lock up (until_executing)."""
+        if self.holds_enqueue:
+            self._claim(release=True)
+
+    def start_holding_enqueue(self) -> None:
+        """The message starts and keeps its enqueue lock (until_executed, until_expired).
+
+        When a newer message may take a queued holder's place (``replace``),
+        the place is recorded as running, so that it is not taken any more,
+        at the cost of one round trip.
+        """
+        if self.config.client_strategy.replaces_queued_holders:
+            if self.holds_enqueue and self._claim(release=False) == LAPSED:
+                self._retake_lapsed_enqueue()
+        else:
+            self.reenter_enqueue_if_lapsed()
 
     def reenter_enqueue_if_lapsed(self) -> None:
         """Take the enqueue lock again if its TTL may have run out before the
@@ -152,7 +188,10 @@ class MessageLock:
             return
         if time.time() * 1000 < self.enqueue_expires_at - LAPSE_MARGIN:
             return
-        acquisition = self.acquire_enqueue()
+        self._retake_lapsed_enqueue()
+
+    def _retake_lapsed_enqueue(self) -> None:
+        acquisition = self.acquire_enqueue(may_replace=False)
         if not acquisition.acquired:
             self.holds_enqueue = False
             self.logger.warning(
@@ -185,6 +224,7 @@ class MessageLock:
         acquisition = self.backend.swap(
             release_key=self.enqueue_key,
             release_owner=self.message.message_id,
+            replaced_key=self.replaced_key,
             acquire_key=self.run_key,
             owner=owner,
             limit=self.config.lock_limit,
@@ -193,6 +233,9 @@ class MessageLock:
         )
         if acquisition.acquired:
             self.holds_enqueue = False
+        if acquisition.superseded:
+            self.holds_enqueue = False
+            self.superseded = True
         self._took_run_lock(owner, acquisition)
         return acquisition
 
@@ -201,6 +244,19 @@ class MessageLock:
         if self.run_owner is not None:
             owner, self.run_owner, self.run_token = self.run_owner, None, None
             self.backend.release(self.run_key, owner)
+
+    def _claim(self, *, release: bool) -> str:
+        answer = self.backend.claim(
+            self.enqueue_key,
+            self.message.message_id,
+            replaced_key=self.replaced_key,
+            release=release,
+            holder=self._running_holder(),
+        )
+        if release or answer != HELD:
+            self.holds_enqueue = False
+        self.superseded = answer == SUPERSEDED
+        return answer
 
     def _took_run_lock(self, owner: str, acquisition: Acquisition) -> None:
         if acquisition.acquired:

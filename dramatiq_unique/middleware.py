@@ -10,15 +10,16 @@ from typing import Any
 from dramatiq import Broker, Message, Middleware
 from dramatiq.actor import Actor
 from dramatiq.logging import get_logger
-from dramatiq.middleware import Retries
+from dramatiq.middleware import Retries, SkipMessage
 
 from .backends import LockBackend
 from .current import _set_current_lock
 from .errors import EnqueueCancelled, LockBackendError
 from .lock import MessageLock
 from .options import DEFAULT_LOCK_PREFIX, DEFAULT_RESCHEDULE_DELAY, DEFAULTS, MESSAGE_OPTIONS, LockConfig, resolve
-from .outcome import ENQUEUED, OUTCOME_OPTION, enqueue_outcome
+from .outcome import ENQUEUED, OUTCOME_OPTION, REJECTED, RESCHEDULED, enqueue_outcome
 from .strategies import CLIENT, SERVER, Conflict
+from .strategies.reject import dead_letter_if_rejected
 
 
 class UniqueJobs(Middleware):
@@ -156,6 +157,8 @@ class UniqueJobs(Middleware):
             if config.lock.locks_at_enqueue:
                 self._reenter(message, config, delay)
             return
+        if self._passes_unlocked(message, delay):
+            return
 
         # Bad lock arguments fail the send for every lock type (SPEC D6).
         lock = MessageLock.for_message(backend=self.backend, config=config, message=message, logger=self.logger)
@@ -188,6 +191,13 @@ class UniqueJobs(Middleware):
         processing = getattr(self._local, "processing", None)
         return processing is not None and processing.message.message_id == message.message_id
 
+    @staticmethod
+    def _passes_unlocked(message: Message[Any], delay: int | None) -> bool:
+        """A rejected message goes to its dead-letter queue holding no lock; a
+        rescheduled one holds none on its way to the delay queue (SPEC C3, C5)."""
+        status = enqueue_outcome(message).status
+        return status == REJECTED or (status == RESCHEDULED and delay is not None)
+
     def _reenter(self, message: Message[Any], config: LockConfig, delay: int | None) -> None:
         # Never raises: an exception here would lose a retry or wedge a consumer.
         try:
@@ -218,9 +228,18 @@ class UniqueJobs(Middleware):
         config = self._config_for(message)
         if config is None:
             return
+        dead_letter_if_rejected(message, self.logger)
         lock = MessageLock.for_message(backend=self.backend, config=config, message=message, logger=self.logger)
         self._local.processing = lock
         acquisition = config.lock.start(lock)
+        if lock.superseded:
+            self.logger.info(
+                "Message %r of actor %r is skipped: a newer message took its place in lock %r (strategy 'replace').",
+                message.message_id,
+                message.actor_name,
+                lock.digest,
+            )
+            raise SkipMessage("A newer message replaced this one.")
         if acquisition is not None and not acquisition.acquired:
             conflict = Conflict(broker, message, lock, acquisition.holders, SERVER, self.logger)
             config.server_strategy.on_server_conflict(conflict)

@@ -84,6 +84,12 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
     lock = LOCK_TYPES.get(lock_name) if isinstance(lock_name, str) else None
     if lock is None:
         check.fail("lock", f"is not a lock type. Valid choices are: {_choices(LOCK_TYPES)}")
+    if client_strategy.replaces_queued_holders and lock.requires_ttl:
+        raise InvalidLockOptions(
+            f"{subject} uses on_conflict={options['on_conflict']!r} with lock={lock.name!r}: a lock that is only "
+            "released by its TTL has no queued holder to replace. Valid choices on the client side there are: "
+            + _choices(name for name, s in STRATEGIES.items() if CLIENT in s.sides and not s.replaces_queued_holders)
+        )
     if lock.requires_ttl and options["lock_ttl"] is None:
         raise InvalidLockOptions(
             f"{subject} uses lock={lock.name!r}, which is only released when its TTL runs out, but has no lock_ttl. "

@@ -13,8 +13,12 @@ OUTCOME_OPTION = "unique_lock"
 
 #: The message was enqueued; it holds its enqueue lock, if its lock type takes one.
 ENQUEUED = "enqueued"
-#: The message was not enqueued: another message holds the lock.
+#: The message was not enqueued: another message holds the lock (``log``).
 DUPLICATE = "duplicate"
+#: The message goes to its queue's dead-letter queue without running (``reject``).
+REJECTED = "rejected"
+#: The message was enqueued with a delay, to try the lock again then (``reschedule``).
+RESCHEDULED = "rescheduled"
 
 
 @dataclass(frozen=True)
@@ -22,13 +26,19 @@ class EnqueueOutcome:
     """What ``send()`` did with a message.
 
     Parameters:
-      status(str): ``"enqueued"`` or ``"duplicate"``.
-      digest(str): The lock's digest; ``None`` when the message took no enqueue lock.
+      status(str): ``"enqueued"``, ``"duplicate"`` (dropped), ``"rejected"``
+        (on its way to the dead-letter queue) or ``"rescheduled"`` (it tries
+        the lock again after ``reschedule_delay``).
+      digest(str): The lock's digest; ``None`` when the actor has no lock.
       holder(str): The message_id that holds the lock: the message itself when
-        it was enqueued, the earlier message when this one is a duplicate.
+        it was enqueued, the earlier message otherwise.
       token(int): The fencing token of the enqueue lock, when enqueued.
       expires_at(int): When the enqueue lock lapses (ms of the backend's clock),
         ``None`` when it does not.
+      replaced(str): The message_id of the queued message whose place this one
+        took (``replace``); it is skipped when it reaches a worker.
+      reschedules(int): How often the message was rescheduled so far.
+      reason(str): Why a rejected message goes to the dead-letter queue.
     """
 
     status: str
@@ -36,10 +46,13 @@ class EnqueueOutcome:
     holder: str | None = None
     token: int | None = None
     expires_at: int | None = None
+    replaced: str | None = None
+    reschedules: int = 0
+    reason: str | None = None
 
     @property
     def enqueued(self) -> bool:
-        """Whether the message went onto its queue."""
+        """Whether the message went onto its queue holding its place: it will run."""
         return self.status == ENQUEUED
 
 
@@ -65,14 +78,19 @@ def enqueue_outcome(message: Message[Any]) -> EnqueueOutcome:
         holder=recorded["holder"],
         token=recorded.get("token"),
         expires_at=recorded.get("expires_at"),
+        replaced=recorded.get("replaced"),
+        reschedules=recorded.get("reschedules", 0),
+        reason=recorded.get("reason"),
     )
 
 
 def record_outcome(message: Message[Any], outcome: EnqueueOutcome) -> None:
     """Write ``outcome`` into the message's options."""
     recorded: dict[str, Any] = {"status": outcome.status, "digest": outcome.digest, "holder": outcome.holder}
-    if outcome.token is not None:
-        recorded["token"] = outcome.token
-    if outcome.expires_at is not None:
-        recorded["expires_at"] = outcome.expires_at
+    for name in ("token", "expires_at", "replaced", "reason"):
+        value = getattr(outcome, name)
+        if value is not None:
+            recorded[name] = value
+    if outcome.reschedules:
+        recorded["reschedules"] = outcome.reschedules
     message.options[OUTCOME_OPTION] = recorded

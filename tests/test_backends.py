@@ -24,6 +24,7 @@ def backend(request):
 
 KEY = "dramatiq-unique:{abc}"
 RUN_KEY = "dramatiq-unique:{abc}:run"
+REPLACED_KEY = "dramatiq-unique:{abc}:replaced"
 
 
 def acquire(backend, owner, *, key=KEY, limit=1, ttl=None, extend=0):
@@ -103,6 +104,7 @@ def test_swap_takes_the_run_lock_and_gives_up_the_enqueue_lock(backend):
     swapped = backend.swap(
         release_key=KEY,
         release_owner="m1",
+        replaced_key=REPLACED_KEY,
         acquire_key=RUN_KEY,
         owner="t1",
         limit=1,
@@ -120,6 +122,7 @@ def test_swap_that_conflicts_keeps_the_enqueue_lock(backend):
     swapped = backend.swap(
         release_key=KEY,
         release_owner="m1",
+        replaced_key=REPLACED_KEY,
         acquire_key=RUN_KEY,
         owner="t1",
         limit=1,
@@ -129,6 +132,56 @@ def test_swap_that_conflicts_keeps_the_enqueue_lock(backend):
     assert not swapped.acquired
     assert swapped.holders == ("t0",)
     assert not acquire(backend, "m2").acquired  # m1 still holds the enqueue lock
+
+
+def replace(backend, owner, *, limit=1, ttl=None):
+    return backend.replace(KEY, owner, replaced_key=REPLACED_KEY, limit=limit, ttl=ttl, holder=holder(owner))
+
+
+def claim(backend, owner, *, release=False):
+    return backend.claim(KEY, owner, replaced_key=REPLACED_KEY, release=release, holder=holder(owner, "running"))
+
+
+def test_replace_takes_the_place_of_the_oldest_queued_holder(backend):
+    # C4: no scan of the broker: the lock itself knows who is queued.
+    for owner in ("m1", "m2"):
+        acquire(backend, owner, limit=2)
+    taken = replace(backend, "m3", limit=2)
+    assert taken.acquired and taken.replaced == "m1"
+    assert claim(backend, "m1") == "superseded"  # m1 is told when it starts, once
+    assert claim(backend, "m1") == "lapsed"
+    assert claim(backend, "m2") == "held"
+
+
+def test_replace_never_takes_a_running_holders_place(backend):
+    acquire(backend, "m1")
+    assert claim(backend, "m1") == "held"  # m1 runs now
+    taken = replace(backend, "m2")
+    assert not taken.acquired and taken.holders == ("m1",)
+    assert replace(backend, "m3", limit=2).acquired  # a free place is simply taken
+
+
+def test_claim_can_release_at_start(backend):
+    acquire(backend, "m1")
+    assert claim(backend, "m1", release=True) == "held"
+    assert acquire(backend, "m2").acquired
+
+
+def test_swap_of_a_replaced_holder_takes_nothing(backend):
+    acquire(backend, "m1")
+    assert replace(backend, "m2").replaced == "m1"
+    swapped = backend.swap(
+        release_key=KEY,
+        release_owner="m1",
+        replaced_key=REPLACED_KEY,
+        acquire_key=RUN_KEY,
+        owner="t1",
+        limit=1,
+        ttl=None,
+        holder=holder("m1", "running"),
+    )
+    assert swapped.superseded and not swapped.acquired
+    assert acquire(backend, "x", key=RUN_KEY).acquired
 
 
 def test_redis_records_who_holds_the_lock_with_server_time(redis_client):
@@ -172,6 +225,7 @@ def test_redis_one_script_call_per_transition(redis_client):
         backend.swap(
             release_key=KEY,
             release_owner=owner,
+            replaced_key=REPLACED_KEY,
             acquire_key=RUN_KEY,
             owner=f"run-{owner}",
             limit=1,
@@ -189,7 +243,7 @@ def test_redis_one_script_call_per_transition(redis_client):
     calls.pop("config|resetstat", None)
     assert calls.pop("evalsha") == 3
     # What is left ran inside the scripts.
-    assert set(calls) <= {"time", "hgetall", "hget", "hset", "hdel", "del", "pexpireat", "persist"}
+    assert set(calls) <= {"time", "hgetall", "hget", "hset", "hdel", "del", "pexpireat", "persist", "srem"}
 
 
 def test_redis_works_with_decoded_responses(redis_url):

@@ -50,12 +50,23 @@ class Acquisition:
       expires_at(int): When the caller's place lapses, in milliseconds of the
         backend's clock; ``None`` when it never does.
       holders(tuple[str]): When not acquired, the message_ids holding the lock.
+      replaced(str): The queued holder whose place the caller took (:meth:`LockBackend.replace`).
+      superseded(bool): The caller's own queued place was taken by a newer
+        message (:meth:`LockBackend.swap`): the caller must not run.
     """
 
     acquired: bool
     token: int | None = None
     expires_at: int | None = None
     holders: tuple[str, ...] = ()
+    replaced: str | None = None
+    superseded: bool = False
+
+
+#: Answers of :meth:`LockBackend.claim`.
+HELD = "held"
+LAPSED = "lapsed"
+SUPERSEDED = "superseded"
 
 
 class LockBackend(abc.ABC):
@@ -93,11 +104,33 @@ class LockBackend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def replace(
+        self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+    ) -> Acquisition:
+        """As :meth:`acquire`, but when every place is taken, first take the
+        place of the oldest holder whose state is ``"queued"``, and add that
+        holder's owner to the set at ``replaced_key``. Holders that run keep
+        their places. The answer names the replaced owner.
+        """
+
+    @abc.abstractmethod
+    def claim(self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder) -> str:
+        """A message that holds a place in the enqueue lock at ``key`` starts:
+        give the place up (``release``) or record it as running (``holder``).
+
+        Returns:
+          str: :data:`HELD`; :data:`LAPSED` when ``owner`` held no place; or
+          :data:`SUPERSEDED` when a newer message took its place, in which case
+          the owner is removed from the set at ``replaced_key`` and must not run.
+        """
+
+    @abc.abstractmethod
     def swap(
         self,
         *,
         release_key: str,
         release_owner: str,
+        replaced_key: str,
         acquire_key: str,
         owner: str,
         limit: int,
@@ -106,5 +139,7 @@ class LockBackend(abc.ABC):
     ) -> Acquisition:
         """In one atomic step, take a place in the lock at ``acquire_key``
         and, only if that succeeded, give up ``release_owner``'s place in the
-        lock at ``release_key``. Both keys belong to one digest.
+        lock at ``release_key``. All keys belong to one digest. If a newer
+        message took ``release_owner``'s place, nothing is taken and the
+        answer is ``superseded``.
         """

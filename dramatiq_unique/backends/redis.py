@@ -8,10 +8,14 @@ from typing import Any
 import redis
 
 from ..errors import LockBackendError
-from .base import Acquisition, Holder, LockBackend
+from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend
 
 #: The Lua functions every script starts with.
 _LIBRARY = "holders"
+
+#: How long a replaced message is remembered, in milliseconds: it is skipped
+#: if it reaches a worker within that time (7 days, Dramatiq's longest delay).
+REPLACED_TTL = 7 * 24 * 60 * 60 * 1000
 
 
 def _script_source(name: str) -> str:
@@ -43,6 +47,8 @@ class RedisBackend(LockBackend):
         self._acquire = self.client.register_script(_script_source("acquire"))
         self._release = self.client.register_script(_script_source("release"))
         self._swap = self.client.register_script(_script_source("swap"))
+        self._replace = self.client.register_script(_script_source("replace"))
+        self._claim = self.client.register_script(_script_source("claim"))
 
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
@@ -53,11 +59,26 @@ class RedisBackend(LockBackend):
     def release(self, key: str, owner: str) -> bool:
         return bool(self._call(self._release, [key], [owner]))
 
+    def replace(
+        self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+    ) -> Acquisition:
+        reply = self._call(
+            self._replace,
+            [key, replaced_key],
+            [owner, limit, ttl or 0, extend, holder.to_json(), REPLACED_TTL],
+        )
+        return _acquisition(reply)
+
+    def claim(self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder) -> str:
+        reply = self._call(self._claim, [key, replaced_key], [owner, "release" if release else "run", holder.to_json()])
+        return {1: HELD, 0: LAPSED, -1: SUPERSEDED}[reply]
+
     def swap(
         self,
         *,
         release_key: str,
         release_owner: str,
+        replaced_key: str,
         acquire_key: str,
         owner: str,
         limit: int,
@@ -65,7 +86,9 @@ class RedisBackend(LockBackend):
         holder: Holder,
     ) -> Acquisition:
         reply = self._call(
-            self._swap, [release_key, acquire_key], [release_owner, owner, limit, ttl or 0, holder.to_json()]
+            self._swap,
+            [release_key, acquire_key, replaced_key],
+            [release_owner, owner, limit, ttl or 0, holder.to_json()],
         )
         return _acquisition(reply)
 
@@ -79,7 +102,10 @@ class RedisBackend(LockBackend):
 
 
 def _acquisition(reply: list[Any]) -> Acquisition:
+    if reply[0] == -1:
+        return Acquisition(acquired=False, superseded=True)
+    strings = tuple(s.decode() if isinstance(s, bytes) else s for s in reply[1:])
     if reply[0] == 1:
-        return Acquisition(acquired=True, token=int(reply[1]), expires_at=int(reply[2]) or None)
-    holders = tuple(h.decode() if isinstance(h, bytes) else h for h in reply[1:])
-    return Acquisition(acquired=False, holders=holders)
+        replaced = strings[2] if len(strings) > 2 else None
+        return Acquisition(acquired=True, token=int(reply[1]), expires_at=int(reply[2]) or None, replaced=replaced)
+    return Acquisition(acquired=False, holders=strings)

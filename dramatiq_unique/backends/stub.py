@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .base import Acquisition, Holder, LockBackend
+from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend
 
 
 @dataclass
@@ -32,6 +32,7 @@ class StubBackend(LockBackend):
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._locks: dict[str, _Lock] = {}
+        self._replaced: dict[str, set[str]] = {}
 
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
@@ -43,11 +44,45 @@ class StubBackend(LockBackend):
         with self._mutex:
             return self._release(key, owner)
 
+    def replace(
+        self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+    ) -> Acquisition:
+        with self._mutex:
+            lock = self._live(key, time.time_ns() // 1_000_000)
+            victim = None
+            if len(lock.places) >= limit and owner not in lock.places:
+                queued = [(p.token, o) for o, p in lock.places.items() if p.holder.state == "queued"]
+                if queued:
+                    victim = min(queued)[1]
+                    del lock.places[victim]
+                    self._replaced.setdefault(replaced_key, set()).add(victim)
+            acquisition = self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend)
+            if victim and acquisition.acquired:
+                return Acquisition(
+                    acquired=True, token=acquisition.token, expires_at=acquisition.expires_at, replaced=victim
+                )
+            return acquisition
+
+    def claim(self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder) -> str:
+        with self._mutex:
+            if self._forget_replaced(replaced_key, owner):
+                return SUPERSEDED
+            lock = self._live(key, time.time_ns() // 1_000_000)
+            place = lock.places.get(owner)
+            if place is None:
+                return LAPSED
+            if release:
+                self._release(key, owner)
+            else:
+                place.holder = holder
+            return HELD
+
     def swap(
         self,
         *,
         release_key: str,
         release_owner: str,
+        replaced_key: str,
         acquire_key: str,
         owner: str,
         limit: int,
@@ -55,6 +90,8 @@ class StubBackend(LockBackend):
         holder: Holder,
     ) -> Acquisition:
         with self._mutex:
+            if self._forget_replaced(replaced_key, release_owner):
+                return Acquisition(acquired=False, superseded=True)
             acquisition = self._acquire(acquire_key, owner, limit=limit, ttl=ttl, holder=holder, extend=0)
             if acquisition.acquired:
                 self._release(release_key, release_owner)
@@ -64,6 +101,14 @@ class StubBackend(LockBackend):
         """Drop every lock."""
         with self._mutex:
             self._locks.clear()
+            self._replaced.clear()
+
+    def _forget_replaced(self, replaced_key: str, owner: str) -> bool:
+        replaced = self._replaced.get(replaced_key, set())
+        if owner not in replaced:
+            return False
+        replaced.discard(owner)
+        return True
 
     def _acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int

@@ -13,5 +13,5 @@ class UntilExecuted(LockType):
     name = "until_executed"
 
     def start(self, lock):
-        lock.reenter_enqueue_if_lapsed()
+        lock.start_holding_enqueue()
         return None

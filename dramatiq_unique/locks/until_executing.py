@@ -13,5 +13,5 @@ class UntilExecuting(LockType):
     name = "until_executing"
 
     def start(self, lock):
-        lock.release_enqueue()
+        lock.start_releasing_enqueue()
         return None

@@ -10,7 +10,7 @@ class UntilExpired(LockType):
     requires_ttl = True
 
     def start(self, lock):
-        lock.reenter_enqueue_if_lapsed()
+        lock.start_holding_enqueue()
         return None
 
     def end(self, lock, *, requeued):

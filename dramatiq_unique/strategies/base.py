@@ -41,20 +41,34 @@ class Conflict:
     def digest(self) -> str:
         return self.lock.digest
 
+    @property
+    def holders_text(self) -> str:
+        """The holders, for log lines."""
+        return ", ".join(map(repr, self.holders))
+
 
 class ConflictStrategy:
     """What becomes of a duplicate (SPEC C1-C8).
 
-    Both methods end the duplicate's way: the client one stops the enqueue
-    (raising :class:`~dramatiq_unique.errors.EnqueueCancelled` makes ``send()``
-    return normally) and the server one stops the message from running
-    (e.g. by raising :class:`dramatiq.middleware.SkipMessage`).
+    The client method runs in ``before_enqueue``: it raises
+    :class:`~dramatiq_unique.errors.EnqueueCancelled` to drop the duplicate
+    with ``send()`` returning normally, raises another
+    :class:`~dramatiq.middleware.MiddlewareError` to make ``send()`` raise, or
+    returns to let the duplicate be enqueued as it now is (``reject`` marks it
+    for the dead-letter queue). The server method runs in
+    ``before_process_message`` and must stop the message from running, e.g.
+    by raising :class:`dramatiq.middleware.SkipMessage`.
+
+    Register your own with :func:`dramatiq_unique.strategies.register_strategy`.
     """
 
     #: The name used in ``@dramatiq.actor(on_conflict=...)``.
     name: ClassVar[str]
     #: Where the strategy can be used: a subset of ``{"client", "server"}``.
     sides: ClassVar[frozenset[str]] = frozenset({CLIENT, SERVER})
+    #: Whether a new message takes the place of a queued holder at enqueue
+    #: instead of meeting a conflict (``replace``).
+    replaces_queued_holders: ClassVar[bool] = False
 
     def on_client_conflict(self, conflict: Conflict) -> NoReturn:
         """Resolve a conflict found when the duplicate was sent."""

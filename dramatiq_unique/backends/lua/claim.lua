@@ -1,0 +1,28 @@
+-- A queued holder starts running: it gives up its place ("release") or keeps
+-- it, now recorded as running ("run").
+-- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set (one digest, one hash slot).
+-- ARGV: owner, "release" or "run", holder JSON (for "run").
+-- Returns 1 when the owner held a place, 0 when it held none (it lapsed), and
+-- -1 when a newer message took its place (replace): then it must not run.
+local key, owner = KEYS[1], ARGV[1]
+if redis.call("SREM", KEYS[2], owner) == 1 then
+  return -1
+end
+local holders, count = live_holders(key, clock())
+local record = holders[owner]
+if not record then
+  expire_with_holders(key, holders, count)
+  return 0
+end
+if ARGV[2] == "release" then
+  redis.call("HDEL", key, owner)
+  holders[owner] = nil
+  count = count - 1
+else
+  local expires_at, token, acquired_at = parse(record)
+  record = format_record(expires_at, token, acquired_at, ARGV[3])
+  redis.call("HSET", key, owner, record)
+  holders[owner] = record
+end
+expire_with_holders(key, holders, count)
+return 1

@@ -1,0 +1,28 @@
+-- Takes a place like acquire; when every place is taken, first takes the place
+-- of the oldest holder that is still queued (never one that runs) and
+-- remembers that holder in the replaced set, so it is skipped when it starts.
+-- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set (one digest, one hash slot).
+-- ARGV: owner, limit, ttl in ms (0: never lapses), extend in ms, holder JSON, replaced set TTL in ms.
+-- Returns acquire's reply, with the replaced owner appended when there was one.
+local key, replaced_key, owner, limit = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
+local holders, count = live_holders(key, clock())
+local victim = nil
+if count >= limit and not holders[owner] then
+  local oldest = nil
+  for holder_owner, record in pairs(holders) do
+    local _, token, _, holder = parse(record)
+    if string.find(holder, '"state":"queued"', 1, true) and (oldest == nil or token < oldest) then
+      victim, oldest = holder_owner, token
+    end
+  end
+  if victim then
+    redis.call("HDEL", key, victim)
+    redis.call("SADD", replaced_key, victim)
+    redis.call("PEXPIRE", replaced_key, tonumber(ARGV[6]))
+  end
+end
+local reply = acquire(key, owner, limit, tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
+if victim and reply[1] == 1 then
+  table.insert(reply, victim)
+end
+return reply

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from typing import Any
+
+from dramatiq import Message
+from dramatiq.middleware import SkipMessage
+
+from ..outcome import REJECTED, EnqueueOutcome, enqueue_outcome, record_outcome
+from .base import ConflictStrategy
+
+
+class Reject(ConflictStrategy):
+    """Send the duplicate to its queue's dead-letter queue without running it (SPEC C3).
+
+    The duplicate is enqueued marked as rejected, holding no lock, and the
+    first worker to receive it dead-letters it; the mark, with the holder and
+    the reason, stays on the dead message (``enqueue_outcome(dead_message)``).
+    On the client ``send()`` returns normally with status ``"rejected"``.
+    """
+
+    name = "reject"
+
+    def on_client_conflict(self, conflict):
+        message = conflict.message
+        conflict.logger.warning(
+            "Message %r of actor %r goes to the dead-letter queue: lock %r is held by message %s (strategy 'reject').",
+            message.message_id,
+            message.actor_name,
+            conflict.digest,
+            conflict.holders_text,
+        )
+        mark_rejected(message, conflict, "lock held at enqueue")
+
+    def on_server_conflict(self, conflict):
+        message = conflict.message
+        conflict.logger.warning(
+            "Message %r of actor %r goes to the dead-letter queue: lock %r is held by message %s (strategy 'reject').",
+            message.message_id,
+            message.actor_name,
+            conflict.digest,
+            conflict.holders_text,
+        )
+        # The dead-letter queue keeps the payload as it was enqueued, so the
+        # mark can only reach it on a copy that goes round once more.
+        conflict.lock.release_enqueue()
+        rejected = message.copy()
+        mark_rejected(rejected, conflict, "lock held at start")
+        conflict.broker.enqueue(rejected)
+        raise SkipMessage("The message was rejected as a duplicate.")
+
+
+def mark_rejected(message: Message[Any], conflict, reason: str) -> None:
+    record_outcome(
+        message,
+        EnqueueOutcome(
+            status=REJECTED,
+            digest=conflict.digest,
+            holder=conflict.holders[0],
+            reschedules=enqueue_outcome(message).reschedules,
+            reason=f"{reason} by message {conflict.holders[0]}",
+        ),
+    )
+
+
+def dead_letter_if_rejected(message, logger) -> None:
+    """In the worker: a message marked rejected goes to the dead-letter queue unrun."""
+    outcome = enqueue_outcome(message)
+    if outcome.status == REJECTED:
+        logger.info(
+            "Message %r of actor %r is dead-lettered without running: %s.",
+            message.message_id,
+            message.actor_name,
+            outcome.reason,
+        )
+        message.fail()
+        raise SkipMessage("The message was rejected as a duplicate.")

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import dataclasses
+
+from dramatiq.common import q_name
+from dramatiq.middleware import SkipMessage
+
+from ..errors import EnqueueCancelled
+from ..outcome import RESCHEDULED, EnqueueOutcome, enqueue_outcome, record_outcome
+from .base import ConflictStrategy
+from .reject import Reject
+
+
+class Reschedule(ConflictStrategy):
+    """Try again later (SPEC C5): the duplicate is enqueued again after
+    ``reschedule_delay`` milliseconds, keeping its message_id and any lock it
+    holds. It does not use up ``max_retries``; after ``max_reschedules`` it
+    is rejected to the dead-letter queue (SPEC C7).
+    """
+
+    name = "reschedule"
+
+    def on_client_conflict(self, conflict):
+        message, config = conflict.message, conflict.lock.config
+        reschedules = enqueue_outcome(message).reschedules + 1
+        if self._exhausted(conflict, reschedules):
+            return Reject().on_client_conflict(conflict)
+        self._log(conflict, reschedules)
+        record_outcome(
+            message,
+            EnqueueOutcome(
+                status=RESCHEDULED, digest=conflict.digest, holder=conflict.holders[0], reschedules=reschedules
+            ),
+        )
+        # A message recorded as rescheduled passes before_enqueue while it
+        # goes to the delay queue, and tries the lock again when it is due.
+        rescheduled = conflict.broker.enqueue(
+            message.copy(queue_name=q_name(message.queue_name)), delay=config.reschedule_delay
+        )
+        raise EnqueueCancelled("The message was rescheduled.", rescheduled)
+
+    def on_server_conflict(self, conflict):
+        message, config = conflict.message, conflict.lock.config
+        outcome = enqueue_outcome(message)
+        reschedules = outcome.reschedules + 1
+        if self._exhausted(conflict, reschedules):
+            return Reject().on_server_conflict(conflict)
+        self._log(conflict, reschedules)
+        # The copy keeps the message_id, so it keeps the enqueue lock the message holds.
+        again = message.copy()
+        record_outcome(again, dataclasses.replace(outcome, reschedules=reschedules))
+        conflict.broker.enqueue(again, delay=config.reschedule_delay)
+        raise SkipMessage("The message was rescheduled.")
+
+    @staticmethod
+    def _log(conflict, reschedules: int) -> None:
+        message = conflict.message
+        conflict.logger.info(
+            "Message %r of actor %r is rescheduled in %d ms (reschedule %d): lock %r is held by message %s.",
+            message.message_id,
+            message.actor_name,
+            conflict.lock.config.reschedule_delay,
+            reschedules,
+            conflict.digest,
+            conflict.holders_text,
+        )
+
+    @staticmethod
+    def _exhausted(conflict, reschedules: int) -> bool:
+        limit = conflict.lock.config.max_reschedules
+        if limit is None or reschedules <= limit:
+            return False
+        conflict.logger.warning(
+            "Message %r of actor %r was rescheduled %d times (max_reschedules) and is rejected.",
+            conflict.message.message_id,
+            conflict.message.actor_name,
+            limit,
+        )
+        return True
