@@ -153,11 +153,11 @@ class UniqueJobs(Middleware):
         config = self._config_for(message)
         if config is None:
             return
+        if self._passes_unlocked(message, delay):
+            return
         if self._is_reenqueue(message):
             if config.lock.locks_at_enqueue:
                 self._reenter(message, config, delay)
-            return
-        if self._passes_unlocked(message, delay):
             return
 
         # Bad lock arguments fail the send for every lock type (SPEC D6).

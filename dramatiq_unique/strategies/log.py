@@ -20,11 +20,12 @@ class Log(ConflictStrategy):
     def on_client_conflict(self, conflict):
         message = conflict.message
         conflict.logger.info(
-            "Message %r of actor %r was not enqueued: lock %r is held by message %s.",
+            "Message %r of actor %r was not enqueued: lock %r is held by message %s (strategy %r).",
             message.message_id,
             message.actor_name,
             conflict.digest,
-            ", ".join(map(repr, conflict.holders)),
+            conflict.holders_text,
+            self.name,
         )
         record_outcome(message, EnqueueOutcome(status=DUPLICATE, digest=conflict.digest, holder=conflict.holders[0]))
         raise EnqueueCancelled("The message is a duplicate and was not enqueued.", message)
@@ -32,10 +33,11 @@ class Log(ConflictStrategy):
     def on_server_conflict(self, conflict):
         message = conflict.message
         conflict.logger.info(
-            "Message %r of actor %r was dropped without running: lock %r is held by message %s.",
+            "Message %r of actor %r was dropped without running: lock %r is held by message %s (strategy %r).",
             message.message_id,
             message.actor_name,
             conflict.digest,
-            ", ".join(map(repr, conflict.holders)),
+            conflict.holders_text,
+            self.name,
         )
         raise SkipMessage("The message is a duplicate of a running message.")
