@@ -147,7 +147,10 @@ class MessageLock:
         return acquisition
 
     def record_enqueued(self, replaced: str | None = None) -> None:
-        """Record in the message that it is enqueued, with its digest and its enqueue lock, if any."""
+        """Record in the message that it is enqueued, with its digest and its enqueue lock, if any.
+
+        The count of reschedules carries over: ``max_reschedules`` caps them all.
+        """
         record_outcome(
             self.message,
             EnqueueOutcome(
@@ -157,6 +160,7 @@ class MessageLock:
                 token=self.enqueue_token if self.holds_enqueue else None,
                 expires_at=self.enqueue_expires_at if self.holds_enqueue else None,
                 replaced=replaced,
+                reschedules=enqueue_outcome(self.message).reschedules,
             ),
         )
 

@@ -14,7 +14,7 @@ from dramatiq.middleware import Retries, SkipMessage
 
 from .backends import LockBackend
 from .current import _set_current_lock
-from .errors import EnqueueCancelled, LockBackendError
+from .errors import EnqueueCancelled, InvalidLockOptions, LockBackendError
 from .lock import MessageLock
 from .options import DEFAULT_LOCK_PREFIX, DEFAULT_RESCHEDULE_DELAY, DEFAULTS, MESSAGE_OPTIONS, LockConfig, resolve
 from .outcome import ENQUEUED, OUTCOME_OPTION, REJECTED, RESCHEDULED, enqueue_outcome
@@ -272,9 +272,17 @@ class UniqueJobs(Middleware):
         overrides = {name: message.options[name] for name in MESSAGE_OPTIONS if name in message.options}
         if not overrides:
             return config
-        return resolve(
-            f"Actor {message.actor_name!r} (options of message {message.message_id!r})", {**options, **overrides}
-        )
+        subject = f"Actor {message.actor_name!r} (options of message {message.message_id!r})"
+        overridden = resolve(subject, {**options, **overrides})
+        # Every message of a replacing actor records when it starts, so that a
+        # running holder is never replaced: replace is all or nothing per actor.
+        if overridden and config and overridden.client_strategy is not config.client_strategy:
+            if config.client_strategy.replaces_queued_holders or overridden.client_strategy.replaces_queued_holders:
+                raise InvalidLockOptions(
+                    f"{subject} sets on_conflict={overrides['on_conflict']!r}: the client strategy 'replace' can only "
+                    "be chosen for a whole actor, in its options or the middleware's."
+                )
+        return overridden
 
     def _release(self, release: Callable[[], None], message: Message[Any], when: str) -> None:
         try:

@@ -89,6 +89,7 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
             f"{subject} uses on_conflict={options['on_conflict']!r} with lock={lock.name!r}: a lock that is only "
             "released by its TTL has no queued holder to replace. Valid choices on the client side there are: "
             + _choices(name for name, s in STRATEGIES.items() if CLIENT in s.sides and not s.replaces_queued_holders)
+            + "."
         )
     if lock.requires_ttl and options["lock_ttl"] is None:
         raise InvalidLockOptions(

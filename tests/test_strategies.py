@@ -264,6 +264,35 @@ def test_max_reschedules_then_reject(env, caplog):
     assert env.is_free(enqueue_outcome(first).digest)
 
 
+@pytest.mark.parametrize("lock", ["while_executing", "until_and_while_executing"])
+def test_max_reschedules_caps_server_side_reschedules(env, caplog, lock):
+    # C7 on the server: the count travels with the message through every re-enqueue.
+    caplog.set_level(logging.INFO)
+    gate = Gate()
+    job = declare_job(env, gate, lock, "reschedule", max_reschedules=3)
+    job.send("k", "A")
+    env.worker(threads=2)
+    wait_for(lambda: gate.count("A") == 1)
+    second = job.send("k", "B")
+    wait_for(lambda: len(env.dead_letters(job)) == 1, timeout=10)
+    gate.open()
+    env.join(job)
+    assert gate.runs == ["A"]
+    dead = env.dead_letters(job)
+    assert [m.message_id for m in dead] == [second.message_id]
+    assert enqueue_outcome(dead[0]).reschedules == 3
+    assert len(unique_lines(caplog, second.message_id, "rescheduled in")) == 3
+
+
+def test_replace_cannot_be_chosen_per_message(env):
+    # A message that does not record its start could be replaced while it runs.
+    gate = Gate()
+    job = declare_job(env, gate, "until_executed", "log")
+    with pytest.raises(InvalidLockOptions, match="whole actor"):
+        job.send_with_options(args=("k", "A"), on_conflict={"client": "replace"})
+    assert enqueue_outcome(job.send_with_options(args=("k", "A"), on_conflict="raise")).enqueued
+
+
 def test_until_and_while_reschedule_keeps_the_only_queued_copy(env):
     # C5 + L5: the copy waiting for the running one keeps its enqueue lock while rescheduled.
     gate = Gate()
