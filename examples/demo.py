@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 
 import dramatiq
 import redis
@@ -52,18 +53,24 @@ def times(n: int) -> str:
     return "once" if n == 1 else f"{n} times"
 
 
-class WatchDrops(dramatiq.Middleware):
-    """Reports the messages the worker acked without running them.
+class WatchConflicts(dramatiq.Middleware):
+    """Reports the copies that met a held run lock: rescheduled, or dropped.
 
-    UniqueJobs skips a message whose run lock is held; Dramatiq then calls
-    ``after_skip_message`` on every middleware, this one included.
+    With on_conflict="reschedule", UniqueJobs enqueues a copy of the message (same message_id)
+    with a delay, which ``after_enqueue`` sees, then skips the original; Dramatiq calls
+    ``after_skip_message`` on every middleware for it, this one included.
     """
 
-    def __init__(self, on_drop):
-        self.on_drop = on_drop
+    def __init__(self, conflicts):
+        self.conflicts = conflicts
+
+    def after_enqueue(self, broker, message, delay):
+        reschedules = enqueue_outcome(message).reschedules
+        if delay and reschedules:
+            self.conflicts.rescheduled(message, delay, reschedules)
 
     def after_skip_message(self, broker, message):
-        self.on_drop(message)
+        self.conflicts.skipped(message)
 
 
 def main() -> int:
@@ -76,19 +83,19 @@ def main() -> int:
         backend = RedisBackend(url=url)
         # Ahead of TimeLimit, as the middleware asks, and before any actor is declared.
         broker.add_middleware(UniqueJobs(backend=backend, lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
-        drops = Drops()
-        broker.add_middleware(WatchDrops(drops.report))
+        conflicts = Conflicts()
+        broker.add_middleware(WatchConflicts(conflicts))
         dramatiq.set_broker(broker)
         delete_demo_keys(broker.client)  # left over from an interrupted run, if any
 
-        sync_account_balance, syncs = declare_story_1(drops)
+        sync_account_balance, syncs = declare_story_1(conflicts)
         settle_payment, ledger = declare_story_2()
 
         broker.emit_after("process_boot")
         worker = Worker(broker, worker_threads=WORKER_THREADS, worker_timeout=100)
         worker.start()
         try:
-            problems = story_1(broker, worker, sync_account_balance, syncs, drops)
+            problems = story_1(broker, worker, sync_account_balance, syncs, conflicts)
             problems += story_2(broker, worker, settle_payment, ledger)
         finally:
             worker.stop()
@@ -138,80 +145,123 @@ def wait_until_done(broker, worker, queue_name: str) -> None:
 # Story 1 ---------------------------------------------------------------------
 
 
-class Drops:
-    """The messages dropped by the worker, and who was running when they were."""
+RESCHEDULE_DELAY = 200  # ms before a copy that met the lock tries again; 5000 by default
+
+
+class Conflicts:
+    """The copies that met a held run lock, and who was running when they did."""
 
     def __init__(self):
         self.mutex = threading.Lock()
         self.running: dict[tuple, str] = {}  # (actor, args) -> message_id of the copy that runs
+        self.reschedules: dict[str, int] = {}  # message_id -> how often it was rescheduled
+        self.pending: set[str] = set()  # rescheduled, the original not skipped yet
         self.dropped: list[str] = []
 
-    def report(self, message) -> None:
-        with self.mutex:
-            self.dropped.append(message.message_id)
-            holder = self.running.get((message.actor_name, tuple(message.args)))
+    def holder(self, message) -> str:
         args = ", ".join(map(repr, message.args))
-        why = f"sync {args} {short(holder)} is running" if holder else f"another sync {args} is running"
-        event(f"sync {args} {short(message.message_id)} dropped without running: {why}")
+        with self.mutex:
+            holder = self.running.get((message.actor_name, tuple(message.args)))
+        return f"sync {args} {short(holder)} is running" if holder else f"another sync {args} is running"
+
+    def rescheduled(self, message, delay: int, reschedules: int) -> None:
+        with self.mutex:
+            if reschedules <= self.reschedules.get(message.message_id, 0):
+                return  # a delayed enqueue of a message rescheduled before (a retry, say), not a new reschedule
+            self.reschedules[message.message_id] = reschedules
+            self.pending.add(message.message_id)
+        args = ", ".join(map(repr, message.args))
+        event(
+            f"sync {args} {short(message.message_id)} rescheduled in {delay} ms"
+            f" (reschedule {reschedules}): {self.holder(message)}"
+        )
+
+    def skipped(self, message) -> None:
+        with self.mutex:
+            if message.message_id in self.pending:  # the original of a copy rescheduled just now
+                self.pending.discard(message.message_id)
+                return
+            self.dropped.append(message.message_id)
+        args = ", ".join(map(repr, message.args))
+        event(f"sync {args} {short(message.message_id)} dropped without running: {self.holder(message)}")
 
 
-def declare_story_1(drops: Drops):
-    runs: list[tuple[int, float, float]] = []  # (account_id, start, end) of every sync that ran
+def declare_story_1(conflicts: Conflicts):
+    runs: list[tuple[int, str, float, float]] = []  # (account_id, message_id, start, end) of every sync that ran
 
-    @dramatiq.actor(lock="while_executing")
+    @dramatiq.actor(lock="while_executing", on_conflict="reschedule", reschedule_delay=RESCHEDULE_DELAY)
     def sync_account_balance(account_id):
         message_id = current_lock().message_id
-        with drops.mutex:
-            drops.running[("sync_account_balance", (account_id,))] = message_id
+        with conflicts.mutex:
+            conflicts.running[("sync_account_balance", (account_id,))] = message_id
         start = time.monotonic()
         event(f"sync {account_id} {short(message_id)} starts")
         time.sleep(SYNC_SECONDS)  # the call to the bank's API
-        with drops.mutex:
-            del drops.running[("sync_account_balance", (account_id,))]
-            runs.append((account_id, start, time.monotonic()))
+        with conflicts.mutex:
+            del conflicts.running[("sync_account_balance", (account_id,))]
+            runs.append((account_id, message_id, start, time.monotonic()))
         event(f"sync {account_id} {short(message_id)} done")
 
     return sync_account_balance, runs
 
 
-def story_1(broker, worker, sync_account_balance, runs, drops) -> list[str]:
+def story_1(broker, worker, sync_account_balance, runs, conflicts) -> list[str]:
     global _t0
     say()
     say("Story 1: serialize per account")
     say('  sync_account_balance(account_id) has lock="while_executing": a lock on its arguments, held only')
-    say("  while it runs. You send five syncs at once: accounts 42, 42, 43, 42, 43.")
+    say('  while it runs, and on_conflict="reschedule": a copy that finds the lock held is enqueued again to')
+    say(f"  try later, after reschedule_delay ({RESCHEDULE_DELAY} ms here; the default is 5000 ms).")
+    say("  You send five syncs at once: accounts 42, 42, 43, 42, 43.")
     say()
     _t0 = time.monotonic()
     sent = [sync_account_balance.send(account_id) for account_id in (42, 42, 43, 42, 43)]
     wait_until_done(broker, worker, sync_account_balance.queue_name)
-    say("  Later, once the first sync for 42 has finished, one more arrives:")
-    sent.append(sync_account_balance.send(42))
-    wait_until_done(broker, worker, sync_account_balance.queue_name)
 
-    runs_42 = sorted((start, end) for account, start, end in runs if account == 42)
-    runs_43 = [(start, end) for account, start, end in runs if account == 43]
+    runs_42 = sorted((start, end) for account, _, start, end in runs if account == 42)
+    runs_43 = [(start, end) for account, _, start, end in runs if account == 43]
     overlapping_42 = any(later[0] < earlier[1] for earlier, later in zip(runs_42, runs_42[1:], strict=False))
     side_by_side = sum(max(0.0, min(a[1], b[1]) - max(a[0], b[0])) for a in runs_42 for b in runs_43)
     queued = sum(enqueue_outcome(m).enqueued for m in sent)
+    ran = Counter(message_id for _, message_id, _, _ in runs)
+    rescheduled_copies = len(conflicts.reschedules)
+    reschedules = sum(conflicts.reschedules.values())
 
     say()
     say("  What happened:")
     say(f"  - All {queued} sends were queued: while_executing takes no lock at enqueue.")
+    every_once = ran == Counter(m.message_id for m in sent)
     say(
-        f"  - Account 42 synced {times(len(runs_42))}, "
-        + ("TWO AT ONCE" if overlapping_42 else "never two at once")
-        + f"; account 43 synced {times(len(runs_43))}, side by side with 42 for {side_by_side:.2f}s."
+        ("  - Every sync ran, exactly once. " if every_once else f"  - {len(runs)} runs for {len(sent)} syncs sent. ")
+        + f"Account 42 synced {times(len(runs_42))}, "
+        + ("TWO AT ONCE;" if overlapping_42 else "one after another, never two at once;")
     )
-    say(f"  - {len(drops.dropped)} copies reached a worker while a sync for the same account was running. They were")
-    say('    acked without running: that is what on_conflict="log", the default, does in the worker.')
+    say(f"    account 43 synced {times(len(runs_43))}, side by side with 42 for {side_by_side:.2f}s.")
+    say(
+        f"  - {rescheduled_copies} copies reached a worker while a sync for the same account was running."
+        " Each time, the worker"
+    )
+    delay = f"{RESCHEDULE_DELAY} ms"
+    say(f"    acked the copy without running it and enqueued it again (same message_id) to try {delay} later:")
+    say(f'    {reschedules} reschedules in all, until its account was free. on_conflict="log", the default, would have')
+    say("    dropped them" + (f"; {len(conflicts.dropped)} were dropped." if conflicts.dropped else "."))
 
     problems = []
     if queued != len(sent):
         problems.append(f"only {queued} of {len(sent)} syncs were queued")
     if overlapping_42:
         problems.append("two syncs for account 42 ran at the same time")
-    if len(runs) + len(drops.dropped) != len(sent):
-        problems.append(f"{len(sent)} syncs sent, {len(runs)} ran and {len(drops.dropped)} were dropped")
+    if side_by_side <= 0:
+        problems.append("accounts 42 and 43 never synced at the same time")
+    never_ran = [m for m in sent if not ran[m.message_id]]
+    if never_ran:
+        problems.append(f"{len(never_ran)} of {len(sent)} syncs never ran")
+    if max(ran.values(), default=0) > 1:
+        problems.append(f"syncs ran more than once: {sorted(short(m) for m, n in ran.items() if n > 1)}")
+    if conflicts.dropped:
+        problems.append(f"{len(conflicts.dropped)} syncs were dropped instead of rescheduled")
+    if not rescheduled_copies:
+        problems.append("no copy met the lock of a running sync, so none was rescheduled")
     return problems
 
 

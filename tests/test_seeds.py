@@ -1,10 +1,10 @@
-"""The two user stories of the seeds, end to end with real Workers (SPEC L2, L4, L6, C1, C6, D2).
+"""The two user stories of the seeds, end to end with real Workers (SPEC L2, L4, L6, C1, C5, C6, D2).
 
 "Serialize per resource": ``sync_account_balance`` with ``while_executing`` never runs twice at
-once for one account, while different accounts run in parallel. "Process exactly once":
-``settle_payment`` with ``until_executed`` drops every redelivery of an event until the first
-delivery has succeeded. Only the ``log`` strategy exists so far, so duplicates are dropped, not
-rescheduled.
+once for one account, while different accounts run in parallel; with ``on_conflict="reschedule"``,
+as the seed has it, a copy that meets a running sync runs later instead of being dropped (with
+the default ``log``, it is dropped). "Process exactly once": ``settle_payment`` with
+``until_executed`` drops every redelivery of an event until the first delivery has succeeded.
 """
 
 from __future__ import annotations
@@ -71,6 +71,32 @@ def test_syncs_of_one_account_never_overlap_and_accounts_run_in_parallel(env):
     sync_account_balance.send(42)
     env.join(sync_account_balance)
     assert sorted(gate.runs) == [42, 42, 43]
+
+
+def test_rescheduled_syncs_all_run_one_at_a_time_per_account(env):
+    # L4 + C5, the seed as written (while_executing, on_conflict=reschedule): a copy that meets a
+    # running sync of its account is enqueued again and runs later, so every sync is delivered.
+    overlap, ran = Overlap(), []
+
+    @env.actor(lock="while_executing", on_conflict="reschedule", reschedule_delay=20)
+    def sync_account_balance(account_id):
+        ran.append(current_lock().message_id)
+        overlap.run(account_id, 0.05)
+
+    sent = [sync_account_balance.send(account_id) for _ in range(4) for account_id in (42, 43)]
+    env.worker(threads=8)  # a thread for every copy: only the lock keeps them apart
+    env.join(sync_account_balance)
+
+    # Every sync ran, each exactly once, under the message_id send() returned.
+    assert Counter(ran) == Counter(m.message_id for m in sent)
+    assert overlap.max_per_key == {42: 1, 43: 1}
+    assert overlap.max_keys == 2  # the two accounts did sync side by side
+    # Copies did meet the lock: each skip was a reschedule (a delayed enqueue of the same message).
+    rescheduled = [message_id for message_id, delay in env.seen.enqueues if delay]
+    assert rescheduled
+    assert sorted(m.message_id for m in env.seen.skipped) == sorted(rescheduled)
+    assert set(rescheduled) <= {m.message_id for m in sent}
+    assert env.dead_letters(sync_account_balance) == []
 
 
 def test_syncs_stay_serialized_per_account_under_a_stream_of_sends(env):
