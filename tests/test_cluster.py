@@ -17,9 +17,11 @@ from collections import Counter
 import pytest
 from redis.crc import key_slot
 
-from dramatiq_unique import RedisBackend, enqueue_outcome
+from dramatiq_unique import LockBackendError, RedisBackend, enqueue_outcome
 from dramatiq_unique.backends import Holder
 from dramatiq_unique.keys import enqueue_key, run_key
+
+from .support import unique_warnings
 
 PREFIX = "dramatiq-unique"
 
@@ -351,3 +353,68 @@ def test_a_swap_while_its_slot_moves_waits_for_the_move_instead_of_failing(clust
     assert error_count(target, "TRYAGAIN") > 0
     assert backend.acquire(key, "m2", limit=1, ttl=None, holder=holder("m2")).acquired  # the enqueue lock was given up
     assert backend.acquire(run, "t2", limit=1, ttl=None, holder=holder("m2", "running")).holders == ("m1",)
+
+
+def test_a_swap_that_cannot_run_for_cluster_retry_seconds_raises_and_changes_nothing(cluster_client, redis_cluster):
+    # S6 "raise": the wait is bounded; a slot stuck half moved ends in LockBackendError, and the
+    # swap, refused every time, took nothing and released nothing.
+    backend = RedisBackend(client=cluster_client)
+    backend.cluster_retry_seconds = 0.2
+    digest = digests(1, seed="stuck")[0]
+    key, run = enqueue_key(PREFIX, digest), run_key(PREFIX, digest)
+    backend.acquire(key, "m1", limit=1, ttl=None, holder=holder("m1"))
+    source = redis_cluster.owner_of(slot_of(digest))
+    target = next(node for node in redis_cluster.nodes if node is not source)
+    raised = []
+
+    def swap_when_stuck():
+        with pytest.raises(LockBackendError, match="TTL exhausted") as excinfo:
+            backend.swap(
+                release_key=key,
+                release_owner="m1",
+                acquire_key=run,
+                owner="t1",
+                limit=1,
+                ttl=None,
+                holder=holder("m1", "running"),
+            )
+        raised.append(excinfo.value)
+
+    redis_cluster.move_slot(slot_of(digest), target, between_keys=swap_when_stuck)
+    assert len(raised) == 1
+    assert backend.acquire(key, "m2", limit=1, ttl=None, holder=holder("m2")).holders == ("m1",)
+    assert backend.acquire(run, "t2", limit=1, ttl=None, holder=holder("m2", "running")).acquired
+
+
+@pytest.mark.parametrize("env", ["cluster"], indirect=True)
+def test_workers_keep_every_lock_while_slots_move(env, redis_cluster, caplog):
+    # S5 end to end: real worker threads start and finish until_and_while_executing messages
+    # (enqueue lock, swap to the run lock, release) while slots holding their locks move
+    # between masters. Every job runs once, none fails, duplicates are dropped, nothing is left.
+    runs = Counter()
+
+    @env.actor(lock="until_and_while_executing", max_retries=0)
+    def rebuild(customer_id):
+        runs[customer_id] += 1
+        time.sleep(0.02)
+
+    firsts = [rebuild.send(i) for i in range(150)]
+    duplicates = [rebuild.send(i) for i in range(150)]
+    assert all(enqueue_outcome(m).enqueued for m in firsts)
+    assert not any(enqueue_outcome(m).enqueued for m in duplicates)
+    # Slots of messages further down the queue: they start, and swap, while their slot moves.
+    slots = list(dict.fromkeys(slot_of(enqueue_outcome(m).digest) for m in firsts[40::8]))
+
+    env.worker(threads=8)
+    moved = 0
+    for slot in slots:
+        source = redis_cluster.nodes.index(redis_cluster.owner_of(slot))
+        target = redis_cluster.nodes[(source + 1) % len(redis_cluster.nodes)]
+        moved += redis_cluster.move_slot(slot, target, between_keys=lambda: time.sleep(0.02))
+    env.join(rebuild)
+
+    assert moved > 0
+    assert runs == {i: 1 for i in range(150)}
+    assert env.dead_letters(rebuild) == []
+    assert unique_warnings(caplog) == []
+    assert redis_cluster.keys_per_master(f"{PREFIX}:*") == [[], [], []]
