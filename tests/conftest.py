@@ -2,6 +2,7 @@
 
 ``env`` runs a test once on StubBroker + StubBackend and once on RedisBroker +
 RedisBackend with real Workers, so both backends are held to the same behaviour.
+The Redis Cluster fixtures live in ``tests/cluster.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pytest_redis import factories
 
 from dramatiq_unique import RedisBackend, StubBackend, UniqueJobs
 
+from .cluster import cluster_client, cluster_env, redis_cluster  # noqa: F401  (fixtures of a real Redis Cluster)
 from .support import Env
 
 
@@ -73,9 +75,14 @@ def redis_env(redis_client):
 
 @pytest.fixture(params=["stub", "redis"])
 def env(request):
-    """The same test on StubBroker + StubBackend and on RedisBroker + RedisBackend."""
+    """The same test on StubBroker + StubBackend and on RedisBroker + RedisBackend.
+
+    A module can add "cluster" (RedisBroker + RedisBackend on a Redis Cluster) with
+    ``pytest.mark.parametrize("env", [...], indirect=True)``."""
     if request.param == "stub":
         built = _stub_env()
+    elif request.param == "cluster":
+        built = cluster_env(request.getfixturevalue("redis_client"), request.getfixturevalue("cluster_client"))
     else:
         built = _redis_env(request.getfixturevalue("redis_client"))
     yield from built.run()

@@ -1,4 +1,5 @@
-"""One suite, two backends: StubBackend must behave as RedisBackend does (SPEC S1-S4, L8, L10)."""
+"""One suite, three backends: StubBackend must behave as RedisBackend does, on one Redis and on a
+Redis Cluster (SPEC S1-S5, L8, L10)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ def holder(message_id: str, state: str = "queued") -> Holder:
     return Holder(message_id=message_id, actor="settle", queue="payments", lock="until_executed", state=state)
 
 
-@pytest.fixture(params=["stub", "redis"])
+@pytest.fixture(params=["stub", "redis", "cluster"])
 def backend(request):
     if request.param == "stub":
         return StubBackend()
+    if request.param == "cluster":
+        return RedisBackend(client=request.getfixturevalue("cluster_client"))
     return RedisBackend(client=request.getfixturevalue("redis_client"))
 
 

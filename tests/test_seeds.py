@@ -5,6 +5,7 @@ once for one account, while different accounts run in parallel; with ``on_confli
 as the seed has it, a copy that meets a running sync runs later instead of being dropped (with
 the default ``log``, it is dropped). "Process exactly once": ``settle_payment`` with
 ``until_executed`` drops every redelivery of an event until the first delivery has succeeded.
+Both stories also run with their locks on a Redis Cluster (SPEC S5).
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import pytest
+
 from dramatiq_unique import current_lock, enqueue_outcome
 
 from .support import Gate, unique_warnings, wait_for
+
+pytestmark = pytest.mark.parametrize("env", ["stub", "redis", "cluster"], indirect=True)
 
 
 class Overlap:

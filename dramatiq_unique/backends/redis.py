@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from importlib import resources
 from typing import Any
 
@@ -39,6 +40,12 @@ class RedisBackend(LockBackend):
 
     .. _Redis: https://redis.io
     """
+
+    #: How long, in seconds, a call is tried again while Redis Cluster cannot run it yet
+    #: (``TRYAGAIN`` for longer than redis-py retries it, e.g. the swap of a digest whose slot
+    #: is moving between masters, or ``CLUSTERDOWN``). Such a call never ran, so trying it
+    #: again is safe. See docs/redis-cluster.md.
+    cluster_retry_seconds = 5.0
 
     def __init__(self, *, client: redis.Redis | None = None, url: str | None = None, **parameters: Any):
         if client is None:
@@ -92,13 +99,24 @@ class RedisBackend(LockBackend):
         )
         return _acquisition(reply)
 
-    @staticmethod
-    def _call(script, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return script(keys=keys, args=args)
-        except redis.RedisError as e:
-            # The error names host and port at most, never credentials (SPEC S7).
-            raise LockBackendError(f"The Redis lock backend failed: {type(e).__name__}: {e}") from e
+    def _call(self, script, keys: list[str], args: list[Any]) -> Any:
+        deadline = None
+        while True:
+            try:
+                return script(keys=keys, args=args)
+            except redis.exceptions.ClusterError as e:
+                # redis-py gave up on redirects and TRYAGAIN answers, or the cluster is down.
+                deadline = deadline or time.monotonic() + self.cluster_retry_seconds
+                if time.monotonic() >= deadline:
+                    raise _backend_error(e) from e
+                time.sleep(0.05)
+            except redis.RedisError as e:
+                raise _backend_error(e) from e
+
+
+def _backend_error(e: redis.RedisError) -> LockBackendError:
+    # The error names host and port at most, never credentials (SPEC S7).
+    return LockBackendError(f"The Redis lock backend failed: {type(e).__name__}: {e}")
 
 
 def _acquisition(reply: list[Any]) -> Acquisition:

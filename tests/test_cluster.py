@@ -1,0 +1,425 @@
+"""RedisBackend on a real three-master Redis Cluster (SPEC S5, with S1, S2, L10).
+
+The shared backend suite and the seed stories run on the cluster too (test_backends.py,
+test_seeds.py); here is what only a cluster has: locks spread over masters, scripts confined to
+one hash slot, NOSCRIPT on every node, and slots moving between masters while locks are held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from redis.crc import key_slot
+
+from dramatiq_unique import LockBackendError, RedisBackend, enqueue_outcome
+from dramatiq_unique.backends import Holder
+from dramatiq_unique.keys import enqueue_key, run_key
+
+from .support import unique_warnings
+
+PREFIX = "dramatiq-unique"
+
+
+def holder(message_id: str, state: str = "queued") -> Holder:
+    return Holder(message_id=message_id, actor="settle", queue="payments", lock="until_executed", state=state)
+
+
+def slot_of(digest: str) -> int:
+    return key_slot(enqueue_key(PREFIX, digest).encode())
+
+
+def digests(count: int, *, slot: int | None = None, seed: str = "") -> list[str]:
+    """``count`` sha256 digests, like the middleware's, all in ``slot`` when given."""
+    found = []
+    for i in itertools.count():
+        digest = hashlib.sha256(f"{seed}{i}".encode()).hexdigest()
+        if slot is None or slot_of(digest) == slot:
+            found.append(digest)
+            if len(found) == count:
+                return found
+    raise AssertionError  # pragma: no cover
+
+
+def one_digest_per_master(cluster) -> list[str]:
+    """A digest served by each master, in the order of ``cluster.nodes``."""
+    by_master = {}
+    for digest in digests(200):
+        by_master.setdefault(cluster.nodes.index(cluster.owner_of(slot_of(digest))), digest)
+    return [by_master[i] for i in range(len(cluster.nodes))]
+
+
+def command_calls(node) -> Counter:
+    stats = node.info("commandstats")
+    calls = Counter({name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()})
+    for bookkeeping in ("info", "config|resetstat", "ping", "cluster|slots", "cluster|shards", "cluster|nodes"):
+        calls.pop(bookkeeping, None)
+    return calls
+
+
+def error_count(node, error: str) -> int:
+    return node.info("errorstats").get(f"errorstat_{error}", {}).get("count", 0)
+
+
+def test_keys_of_one_digest_share_a_slot_and_digests_spread_over_all_slots():
+    # S4 + S5: the hash tag is the digest, so swap's two keys are in one slot, whatever the prefix
+    # (braces are refused in lock_prefix), and the locks of many digests spread over the cluster.
+    many = digests(2000)
+    for prefix in (PREFIX, "billing:locks", "a"):
+        for digest in many:
+            assert key_slot(enqueue_key(prefix, digest).encode()) == key_slot(run_key(prefix, digest).encode())
+    slots = {slot_of(d) for d in many}
+    assert len(slots) > 1800
+    assert min(slots) < 1000 and max(slots) > 15000
+
+
+@pytest.mark.parametrize("env", ["cluster"], indirect=True)
+def test_locks_spread_over_every_master_and_hold_on_each(env, redis_cluster):
+    # S5: sixty jobs, sixty digests, their locks on all three masters; each master's locks
+    # stop duplicates, and every one is released after its run.
+    runs = Counter()
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        runs[event_id] += 1
+
+    firsts = [settle.send(i) for i in range(60)]
+    assert all(enqueue_outcome(m).enqueued for m in firsts)
+    per_master = redis_cluster.keys_per_master(f"{PREFIX}:*")
+    assert all(len(keys) >= 5 for keys in per_master), [len(k) for k in per_master]
+    assert sum(len(keys) for keys in per_master) == 60
+    for node, keys in zip(redis_cluster.nodes, per_master, strict=True):
+        assert all(redis_cluster.owner_of(key_slot(key)) is node for key in keys)
+
+    duplicates = [settle.send(i) for i in range(60)]
+    assert [enqueue_outcome(m).holder for m in duplicates] == [m.message_id for m in firsts]
+    assert env.waiting(settle) == 60
+
+    env.worker(threads=8)
+    env.join(settle)
+    assert runs == {i: 1 for i in range(60)}
+    assert redis_cluster.keys_per_master(f"{PREFIX}:*") == [[], [], []]
+
+
+def test_a_lifecycle_is_one_script_call_per_transition_on_the_digests_master(cluster_client, redis_cluster):
+    # S1 + S5: acquire, swap and release are one EVALSHA each, sent to the master of the digest's
+    # slot and nowhere else; a script touching a key of another slot would fail with CROSSSLOT.
+    backend = RedisBackend(client=cluster_client)
+    digest = one_digest_per_master(redis_cluster)[1]
+    key, run = enqueue_key(PREFIX, digest), run_key(PREFIX, digest)
+
+    def lifecycle(owner):
+        assert backend.acquire(key, owner, limit=1, ttl=None, holder=holder(owner)).acquired
+        swapped = backend.swap(
+            release_key=key,
+            release_owner=owner,
+            replaced_key=key + ":replaced",
+            acquire_key=run,
+            owner=f"run-{owner}",
+            limit=1,
+            ttl=None,
+            holder=holder(owner, "running"),
+        )
+        assert swapped.acquired
+        assert backend.release(run, f"run-{owner}")
+
+    lifecycle("warm")  # loads the scripts and the client's slot map
+    for node in redis_cluster.nodes:
+        node.config_resetstat()
+    lifecycle("m1")
+
+    calls = [command_calls(node) for node in redis_cluster.nodes]
+    assert calls[0] == calls[2] == Counter()
+    assert calls[1].pop("evalsha") == 3
+    assert set(calls[1]) <= {"time", "hgetall", "hget", "hset", "hdel", "del", "pexpireat", "persist", "srem"}
+
+
+def test_scripts_are_reloaded_on_every_master_after_noscript(cluster_client, redis_cluster):
+    # S1: after a restart or failover a master has no scripts; calls by SHA get NOSCRIPT and
+    # the client loads the script and retries. Each master in turn loses its scripts.
+    backend = RedisBackend(client=cluster_client)
+    spread = one_digest_per_master(redis_cluster)
+    for i, digest in enumerate(spread):
+        assert backend.acquire(enqueue_key(PREFIX, digest), f"m{i}", limit=1, ttl=None, holder=holder(f"m{i}")).acquired
+    for node in redis_cluster.nodes:
+        node.config_resetstat()
+
+    for i, (node, digest) in enumerate(zip(redis_cluster.nodes, spread, strict=True)):
+        node.script_flush()
+        key = enqueue_key(PREFIX, digest)
+        duplicate = backend.acquire(key, "dup", limit=1, ttl=None, holder=holder("dup"))
+        assert (duplicate.acquired, duplicate.holders) == (False, (f"m{i}",))
+        swapped = backend.swap(
+            release_key=key,
+            release_owner=f"m{i}",
+            replaced_key=key + ":replaced",
+            acquire_key=run_key(PREFIX, digest),
+            owner=f"t{i}",
+            limit=1,
+            ttl=None,
+            holder=holder(f"m{i}", "running"),
+        )
+        assert swapped.acquired
+        assert backend.release(run_key(PREFIX, digest), f"t{i}")
+        assert backend.acquire(key, "next", limit=1, ttl=None, holder=holder("next")).acquired
+        assert error_count(node, "NOSCRIPT") == 3  # once for each of the three scripts
+
+
+def test_a_cluster_client_with_decoded_responses(redis_cluster):
+    client = redis_cluster.client(decode_responses=True)
+    try:
+        backend = RedisBackend(client=client)
+        key = enqueue_key(PREFIX, digests(1, seed="decoded")[0])
+        assert backend.acquire(key, "m1", limit=1, ttl=None, holder=holder("m1")).acquired
+        assert backend.acquire(key, "m2", limit=1, ttl=None, holder=holder("m2")).holders == ("m1",)
+        assert backend.release(key, "m1")
+    finally:
+        client.delete(key)
+        client.close()
+
+
+class Traffic:
+    """Client threads taking, swapping and releasing locks of a few digests, nonstop, recording
+    what a user of the locks would notice: errors, two holders at once, a token going back."""
+
+    def __init__(self, backend: RedisBackend, churn: list[str], held: dict[str, str], threads: int = 4):
+        self.backend = backend
+        self.churn = churn
+        self.held = held  # enqueue key -> the message_id that must keep holding it
+        self.errors: list[BaseException] = []
+        self.wrong: list[str] = []
+        keys = [key for d in churn for key in (enqueue_key(PREFIX, d), run_key(PREFIX, d))]
+        self.tokens: dict[str, list[int]] = {key: [] for key in keys}
+        self.inside: Counter = Counter()
+        self.operations = 0
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(threads)]
+
+    def __enter__(self):
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
+
+    def _enter(self, key: str, token: int) -> None:
+        with self._mutex:
+            self.inside[key] += 1
+            if self.inside[key] > 1:
+                self.wrong.append(f"two holders of {key}")
+            # Holders of one key follow each other, so tokens are recorded in acquisition order.
+            self.tokens[key].append(token)
+            self.operations += 1
+
+    def _leave(self, key: str) -> None:
+        with self._mutex:
+            self.inside[key] -= 1
+
+    def _run(self, index: int) -> None:
+        backend = self.backend
+        try:
+            for i in itertools.count(index):
+                if self._stop.is_set():
+                    return
+                digest = self.churn[i % len(self.churn)]
+                key, run = enqueue_key(PREFIX, digest), run_key(PREFIX, digest)
+                owner = uuid.uuid4().hex
+                taken = backend.acquire(key, owner, limit=1, ttl=10_000, holder=holder(owner))
+                if taken.acquired:
+                    self._enter(key, taken.token)
+                    self._leave(key)
+                    swapped = backend.swap(
+                        release_key=key,
+                        release_owner=owner,
+                        replaced_key=key + ":replaced",
+                        acquire_key=run,
+                        owner=f"run-{owner}",
+                        limit=1,
+                        ttl=10_000,
+                        holder=holder(owner, "running"),
+                    )
+                    if swapped.acquired:
+                        self._enter(run, swapped.token)
+                        self._leave(run)
+                        if not backend.release(run, f"run-{owner}"):
+                            self.wrong.append(f"lost the run lock of {digest}")
+                    elif not backend.release(key, owner):
+                        self.wrong.append(f"lost the enqueue lock of {digest}")
+                for held_key, message_id in self.held.items():
+                    intruder = backend.acquire(held_key, "intruder", limit=1, ttl=None, holder=holder("intruder"))
+                    if intruder.acquired or intruder.holders != (message_id,):
+                        self.wrong.append(f"{held_key} held by {intruder.holders}, not {message_id}")
+        except BaseException as e:  # noqa: BLE001 (reported by the test)
+            self.errors.append(e)
+
+
+def test_locks_held_while_their_slot_moves_to_another_master_are_not_lost(cluster_client, redis_cluster):
+    # S5 + S2 + L10: a slot full of held locks is resharded (IMPORTING/MIGRATING, MIGRATE key by
+    # key, SETSLOT NODE) while client threads keep taking and releasing locks in it. Calls meet
+    # ASK, TRYAGAIN and MOVED on the way; redis-py follows them, and no lock is lost or doubled.
+    backend = RedisBackend(client=cluster_client)
+    slot = slot_of(digests(1, seed="moving")[0])
+    in_slot = digests(10, slot=slot, seed="moving")
+    held_digests, churn = in_slot[:6], in_slot[6:]
+    source = redis_cluster.owner_of(slot)
+    target = next(node for node in redis_cluster.nodes if node is not source)
+
+    held, held_runs, tokens = {}, {}, {}
+    for i, digest in enumerate(held_digests):
+        key, run = enqueue_key(PREFIX, digest), run_key(PREFIX, digest)
+        held[key], held_runs[run] = f"m{i}", f"t{i}"
+        tokens[key] = backend.acquire(key, f"m{i}", limit=1, ttl=60_000, holder=holder(f"m{i}")).token
+        tokens[run] = backend.acquire(run, f"t{i}", limit=1, ttl=None, holder=holder(f"m{i}", "running")).token
+    for node in redis_cluster.nodes:
+        node.config_resetstat()
+
+    def owners_still_hold():
+        # Re-entry keeps the place and its token (L6), so a moved record is the very same place.
+        for key, owner in {**held, **held_runs}.items():
+            again = backend.acquire(key, owner, limit=1, ttl=60_000 if key in held else None, holder=holder(owner))
+            assert (again.acquired, again.token) == (True, tokens[key]), key
+            duplicate = backend.acquire(key, "dup", limit=1, ttl=None, holder=holder("dup"))
+            assert not duplicate.acquired, key
+
+    with Traffic(backend, churn, held) as traffic:
+        time.sleep(0.1)
+        moved = redis_cluster.move_slot(slot, target, between_keys=owners_still_hold)
+        owners_still_hold()
+        time.sleep(0.1)
+
+    assert traffic.errors == []
+    assert traffic.wrong == []
+    assert traffic.operations > 20
+    for key, seen in traffic.tokens.items():
+        assert seen == sorted(seen) and len(set(seen)) == len(seen), key
+    # The held locks and their fences now live on the target, and nothing is left on the source.
+    assert moved >= len(held) + len(held_runs)
+    assert source.execute_command("CLUSTER COUNTKEYSINSLOT", slot) == 0
+    assert all(target.exists(key) for key in [*held, *held_runs])
+    assert redis_cluster.owner_of(slot) is target
+    assert error_count(source, "ASK") > 0 and error_count(source, "MOVED") > 0
+
+    for key, owner in {**held, **held_runs}.items():
+        assert backend.release(key, owner)
+        assert not backend.release(key, owner)
+        fresh = backend.acquire(key, "later", limit=1, ttl=None, holder=holder("later"))
+        assert fresh.acquired and fresh.token > tokens[key]
+
+
+def test_a_swap_while_its_slot_moves_waits_for_the_move_instead_of_failing(cluster_client, redis_cluster):
+    # S5 + S1: mid-move, the enqueue lock is on one master and the free run lock on none, so
+    # the swap script (two keys) gets TRYAGAIN until the slot has moved; redis-py gives up
+    # after ~0.4 s, RedisBackend keeps trying (cluster_retry_seconds) and the swap goes through.
+    backend = RedisBackend(client=cluster_client)
+    digest = digests(1, seed="swap-moving")[0]
+    key, run = enqueue_key(PREFIX, digest), run_key(PREFIX, digest)
+    assert backend.acquire(key, "m1", limit=1, ttl=None, holder=holder("m1")).acquired
+    source = redis_cluster.owner_of(slot_of(digest))
+    target = next(node for node in redis_cluster.nodes if node is not source)
+    target.config_resetstat()
+    outcome = {}
+
+    def swap():
+        try:
+            outcome["swap"] = backend.swap(
+                release_key=key,
+                release_owner="m1",
+                replaced_key=key + ":replaced",
+                acquire_key=run,
+                owner="t1",
+                limit=1,
+                ttl=None,
+                holder=holder("m1", "running"),
+            )
+        except BaseException as e:  # noqa: BLE001 (reported by the test)
+            outcome["error"] = e
+
+    swapper = threading.Thread(target=swap)
+
+    def swap_mid_move():
+        swapper.start()
+        time.sleep(1.0)  # longer than redis-py's own TRYAGAIN retries
+        assert outcome == {}  # still waiting: the slot is half moved
+
+    redis_cluster.move_slot(slot_of(digest), target, between_keys=swap_mid_move)
+    swapper.join(10)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["swap"].acquired
+    assert error_count(target, "TRYAGAIN") > 0
+    assert backend.acquire(key, "m2", limit=1, ttl=None, holder=holder("m2")).acquired  # the enqueue lock was given up
+    assert backend.acquire(run, "t2", limit=1, ttl=None, holder=holder("m2", "running")).holders == ("m1",)
+
+
+def test_a_swap_that_cannot_run_for_cluster_retry_seconds_raises_and_changes_nothing(cluster_client, redis_cluster):
+    # S6 "raise": the wait is bounded; a slot stuck half moved ends in LockBackendError, and the
+    # swap, refused every time, took nothing and released nothing.
+    backend = RedisBackend(client=cluster_client)
+    backend.cluster_retry_seconds = 0.2
+    digest = digests(1, seed="stuck")[0]
+    key, run = enqueue_key(PREFIX, digest), run_key(PREFIX, digest)
+    backend.acquire(key, "m1", limit=1, ttl=None, holder=holder("m1"))
+    source = redis_cluster.owner_of(slot_of(digest))
+    target = next(node for node in redis_cluster.nodes if node is not source)
+    raised = []
+
+    def swap_when_stuck():
+        with pytest.raises(LockBackendError, match="TTL exhausted") as excinfo:
+            backend.swap(
+                release_key=key,
+                release_owner="m1",
+                replaced_key=key + ":replaced",
+                acquire_key=run,
+                owner="t1",
+                limit=1,
+                ttl=None,
+                holder=holder("m1", "running"),
+            )
+        raised.append(excinfo.value)
+
+    redis_cluster.move_slot(slot_of(digest), target, between_keys=swap_when_stuck)
+    assert len(raised) == 1
+    assert backend.acquire(key, "m2", limit=1, ttl=None, holder=holder("m2")).holders == ("m1",)
+    assert backend.acquire(run, "t2", limit=1, ttl=None, holder=holder("m2", "running")).acquired
+
+
+@pytest.mark.parametrize("env", ["cluster"], indirect=True)
+def test_workers_keep_every_lock_while_slots_move(env, redis_cluster, caplog):
+    # S5 end to end: real worker threads start and finish until_and_while_executing messages
+    # (enqueue lock, swap to the run lock, release) while slots holding their locks move
+    # between masters. Every job runs once, none fails, duplicates are dropped, nothing is left.
+    runs = Counter()
+
+    @env.actor(lock="until_and_while_executing", max_retries=0)
+    def rebuild(customer_id):
+        runs[customer_id] += 1
+        time.sleep(0.02)
+
+    firsts = [rebuild.send(i) for i in range(150)]
+    duplicates = [rebuild.send(i) for i in range(150)]
+    assert all(enqueue_outcome(m).enqueued for m in firsts)
+    assert not any(enqueue_outcome(m).enqueued for m in duplicates)
+    # Slots of messages further down the queue: they start, and swap, while their slot moves.
+    slots = list(dict.fromkeys(slot_of(enqueue_outcome(m).digest) for m in firsts[40::8]))
+
+    env.worker(threads=8)
+    moved = 0
+    for slot in slots:
+        source = redis_cluster.nodes.index(redis_cluster.owner_of(slot))
+        target = redis_cluster.nodes[(source + 1) % len(redis_cluster.nodes)]
+        moved += redis_cluster.move_slot(slot, target, between_keys=lambda: time.sleep(0.02))
+    env.join(rebuild)
+
+    assert moved > 0
+    assert runs == {i: 1 for i in range(150)}
+    assert env.dead_letters(rebuild) == []
+    assert unique_warnings(caplog) == []
+    assert redis_cluster.keys_per_master(f"{PREFIX}:*") == [[], [], []]
