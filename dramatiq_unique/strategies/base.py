@@ -41,10 +41,18 @@ class Conflict:
     def digest(self) -> str:
         return self.lock.digest
 
-    @property
-    def holders_text(self) -> str:
-        """The holders, for log lines."""
-        return ", ".join(map(repr, self.holders))
+    def log(self, level: int, outcome: str, strategy: str) -> None:
+        """Log the one line that says what became of the duplicate, and why."""
+        self.logger.log(
+            level,
+            "Message %r of actor %r %s: lock %r is held by message %s (strategy %r).",
+            self.message.message_id,
+            self.message.actor_name,
+            outcome,
+            self.digest,
+            ", ".join(map(repr, self.holders)),
+            strategy,
+        )
 
 
 class ConflictStrategy:

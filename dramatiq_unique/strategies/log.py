@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+
 from dramatiq.middleware import SkipMessage
 
 from ..errors import EnqueueCancelled
@@ -19,25 +21,10 @@ class Log(ConflictStrategy):
 
     def on_client_conflict(self, conflict):
         message = conflict.message
-        conflict.logger.info(
-            "Message %r of actor %r was not enqueued: lock %r is held by message %s (strategy %r).",
-            message.message_id,
-            message.actor_name,
-            conflict.digest,
-            conflict.holders_text,
-            self.name,
-        )
+        conflict.log(logging.INFO, "was not enqueued", self.name)
         record_outcome(message, EnqueueOutcome(status=DUPLICATE, digest=conflict.digest, holder=conflict.holders[0]))
         raise EnqueueCancelled("The message is a duplicate and was not enqueued.", message)
 
     def on_server_conflict(self, conflict):
-        message = conflict.message
-        conflict.logger.info(
-            "Message %r of actor %r was dropped without running: lock %r is held by message %s (strategy %r).",
-            message.message_id,
-            message.actor_name,
-            conflict.digest,
-            conflict.holders_text,
-            self.name,
-        )
+        conflict.log(logging.INFO, "was dropped without running", self.name)
         raise SkipMessage("The message is a duplicate of a running message.")

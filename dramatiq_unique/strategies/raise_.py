@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+
 from ..errors import DuplicateMessage, LockConflict
 from .base import ConflictStrategy
 
@@ -16,32 +18,16 @@ class Raise(ConflictStrategy):
     name = "raise"
 
     def on_client_conflict(self, conflict):
-        message = conflict.message
-        conflict.logger.info(
-            "Message %r of actor %r was not enqueued: lock %r is held by message %s (strategy 'raise').",
-            message.message_id,
-            message.actor_name,
-            conflict.digest,
-            conflict.holders_text,
-        )
-        raise DuplicateMessage(
-            f"Actor {message.actor_name!r} already has a message holding lock {conflict.digest!r}: "
-            f"message {conflict.holders[0]!r}.",
-            digest=conflict.digest,
-            holder=conflict.holders[0],
-        )
+        conflict.log(logging.INFO, "was not enqueued", self.name)
+        raise DuplicateMessage(self._reason(conflict), digest=conflict.digest, holder=conflict.holders[0])
 
     def on_server_conflict(self, conflict):
-        message = conflict.message
-        conflict.logger.info(
-            "Message %r of actor %r will be retried: lock %r is held by message %s (strategy 'raise').",
-            message.message_id,
-            message.actor_name,
-            conflict.digest,
-            conflict.holders_text,
-        )
-        raise LockConflict(
-            f"Lock {conflict.digest!r} of actor {message.actor_name!r} is held by message {conflict.holders[0]!r}.",
-            digest=conflict.digest,
-            holder=conflict.holders[0],
+        conflict.log(logging.INFO, "will be retried", self.name)
+        raise LockConflict(self._reason(conflict), digest=conflict.digest, holder=conflict.holders[0])
+
+    @staticmethod
+    def _reason(conflict) -> str:
+        return (
+            f"Lock {conflict.digest!r} of actor {conflict.message.actor_name!r} "
+            f"is held by message {conflict.holders[0]!r}."
         )

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from dramatiq import Message
@@ -21,25 +22,12 @@ class Reject(ConflictStrategy):
     name = "reject"
 
     def on_client_conflict(self, conflict):
-        message = conflict.message
-        conflict.logger.warning(
-            "Message %r of actor %r goes to the dead-letter queue: lock %r is held by message %s (strategy 'reject').",
-            message.message_id,
-            message.actor_name,
-            conflict.digest,
-            conflict.holders_text,
-        )
-        mark_rejected(message, conflict, "lock held at enqueue")
+        conflict.log(logging.WARNING, "goes to the dead-letter queue", self.name)
+        mark_rejected(conflict.message, conflict, "lock held at enqueue")
 
     def on_server_conflict(self, conflict):
         message = conflict.message
-        conflict.logger.warning(
-            "Message %r of actor %r goes to the dead-letter queue: lock %r is held by message %s (strategy 'reject').",
-            message.message_id,
-            message.actor_name,
-            conflict.digest,
-            conflict.holders_text,
-        )
+        conflict.log(logging.WARNING, "goes to the dead-letter queue", self.name)
         # The dead-letter queue keeps the payload as it was enqueued, so the
         # mark can only reach it on a copy that goes round once more.
         conflict.lock.release_enqueue()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from dramatiq.common import q_name
 from dramatiq.middleware import SkipMessage
@@ -52,18 +53,9 @@ class Reschedule(ConflictStrategy):
         conflict.broker.enqueue(again, delay=config.reschedule_delay)
         raise SkipMessage("The message was rescheduled.")
 
-    @staticmethod
-    def _log(conflict, reschedules: int) -> None:
-        message = conflict.message
-        conflict.logger.info(
-            "Message %r of actor %r is rescheduled in %d ms (reschedule %d): lock %r is held by message %s.",
-            message.message_id,
-            message.actor_name,
-            conflict.lock.config.reschedule_delay,
-            reschedules,
-            conflict.digest,
-            conflict.holders_text,
-        )
+    def _log(self, conflict, reschedules: int) -> None:
+        delay = conflict.lock.config.reschedule_delay
+        conflict.log(logging.INFO, f"is rescheduled in {delay} ms (reschedule {reschedules})", self.name)
 
     @staticmethod
     def _exhausted(conflict, reschedules: int) -> bool:
