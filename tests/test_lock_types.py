@@ -343,3 +343,24 @@ def test_a_copy_of_a_sent_message_is_a_new_message(env):
     copy = env.broker.enqueue(sent.copy(message_id="another-id", queue_name=settle.queue_name))
     assert not enqueue_outcome(copy).enqueued
     assert enqueue_outcome(copy).holder == sent.message_id
+
+
+@pytest.mark.parametrize("lock", ["while_executing", "until_and_while_executing"])
+def test_a_redelivery_of_a_running_message_is_a_conflict(env, lock):
+    # L7: run locks are not re-entrant by message_id; each processing attempt has its own owner.
+    gate = Gate()
+
+    @env.actor(lock=lock)
+    def job(key):
+        gate.enter(key)
+
+    message = job.send("k")
+    env.worker(threads=4)
+    wait_for(lambda: gate.count("k") == 1)
+    env.broker.enqueue(message)  # the broker hands the same message out again while it runs
+    wait_for(lambda: len(env.seen.skipped) == 1)
+    gate.open()
+    env.join(job)
+    assert gate.runs == ["k"]
+    assert gate.max_running["k"] == 1
+    assert env.seen.skipped[0].message_id == message.message_id
