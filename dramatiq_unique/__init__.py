@@ -5,6 +5,7 @@ from .current import HeldLock, current_lock
 from .errors import EnqueueCancelled, InvalidLockOptions, LockArgumentsError, LockBackendError, UniqueError
 from .middleware import UniqueJobs
 from .outcome import EnqueueOutcome, enqueue_outcome
+from .reaper import ReapReport, reap_orphans
 
 __all__ = [
     # Middleware
@@ -18,6 +19,9 @@ __all__ = [
     "current_lock",
     "EnqueueOutcome",
     "enqueue_outcome",
+    # Crash safety
+    "ReapReport",
+    "reap_orphans",
     # Errors
     "UniqueError",
     "InvalidLockOptions",
