@@ -116,6 +116,10 @@ class CrashSafety:
         across the deployment)."""
         if self.reaper_actor is None or self.reaper_interval is None:
             return
+        # Each process asks at most once per interval: one round trip per interval, not per heartbeat.
+        if now < getattr(self, "_next_reaper_try", 0):
+            return
+        self._next_reaper_try = now + self.reaper_interval
         owner = uuid.uuid4().hex
         holder = Holder(
             message_id=owner, actor=REAPER_ACTOR_NAME, queue=self.reaper_queue, lock="schedule", state="queued"
