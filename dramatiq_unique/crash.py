@@ -75,8 +75,7 @@ class CrashSafety:
     def before_worker_boot(self, broker: Broker, worker: Any) -> None:
         if self.reaper_enabled:
             self.declare_reaper(broker)
-
-    def after_worker_boot(self, broker: Broker, worker: Any) -> None:
+        # Before the consumers start: the worker is in the registry before it holds any run lock.
         self.liveness.start()
 
     def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:

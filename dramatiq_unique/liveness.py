@@ -104,7 +104,8 @@ class Liveness:
     # Lifecycle ------------------------------------------------------------------
 
     def start(self) -> None:
-        """Register this process and start the thread; once per Worker started in it."""
+        """Register this process and start the thread; called once per Worker
+        started in the process, before the Worker takes any message."""
         with self._mutex:
             self._users += 1
             if self.running:
