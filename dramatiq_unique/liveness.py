@@ -113,7 +113,12 @@ class Liveness:
             self._stopped.clear()
             self._thread = threading.Thread(target=self._run, name="dramatiq-unique-heartbeat", daemon=True)
         # The first heartbeat is synchronous: the worker is registered before it takes a message.
-        self._beat()
+        now = self._beat()
+        if now is not None:
+            try:  # processes killed long ago leave the registry, reaper or not
+                self.backend.forget_workers(self.registry_key, before=now - 10 * self.lease_period)
+            except LockBackendError:
+                pass
         self._thread.start()
 
     def stop(self) -> None:

@@ -141,11 +141,12 @@ class Reaper:
                     break
                 if max_passes is not None and report.passes >= max_passes:
                     break
-            now, _ = self.backend.heartbeats(self.registry_key)
-            # A worker silent for two lease periods holds no live run lock any more.
-            report.forgotten_workers = self.backend.forget_workers(
-                self.registry_key, before=now - 2 * self.lease_period
-            )
+            if report.complete:
+                # After a full cycle, workers silent for two lease periods have nothing left to reap.
+                now, _ = self.backend.heartbeats(self.registry_key)
+                report.forgotten_workers = self.backend.forget_workers(
+                    self.registry_key, before=now - 2 * self.lease_period
+                )
         finally:
             self.backend.release(self.leader_key, owner)
         report.seconds = time.monotonic() - started
@@ -162,7 +163,7 @@ class Reaper:
 
     def _pass(self, cursor: str, locator: _Locator | None, report: ReapReport) -> str:
         now, heartbeats = self.backend.heartbeats(self.registry_key)
-        live = {worker for worker, seen in heartbeats.items() if seen > now - self.lease_period}
+        stale = now - self.lease_period
         cursor, records = self.backend.scan(self.prefix, cursor, self.batch)
         report.passes += 1
         report.inspected += len(records)
@@ -173,7 +174,10 @@ class Reaper:
             state = record.holder.get("state")
             if state == "running":
                 worker = record.holder.get("worker_id")
-                if worker not in live:
+                seen = heartbeats.get(worker)
+                # A worker missing from the registry (removed long after it died, or of a version
+                # without heartbeats) is only taken for dead once its lock is a lease period old.
+                if (seen if seen is not None else record.acquired_at) <= stale:
                     self._release(record, report, f"its worker {worker!r} stopped sending heartbeats")
             elif (
                 state == "queued"

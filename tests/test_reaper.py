@@ -251,3 +251,17 @@ def test_workers_trigger_the_reaper_actor_once_per_interval(triggering_env):
     elapsed = time.monotonic() - started
     assert 1 <= len(runs) <= elapsed / 0.4 + 1
     assert sum(run["released_missing_messages"] for run in runs) == 1
+
+
+def test_run_locks_of_an_unregistered_worker_wait_a_lease_period(redis_client):
+    # R3: a worker missing from the registry (removed after it died, or of a version without
+    # heartbeats) may still be running: its run lock is only reaped once a lease period old.
+    backend = RedisBackend(client=redis_client)
+    now = backend.heartbeats(registry_key(PREFIX))[0]
+    for name, acquired_at in (("young", now - 1_000), ("old", now - 31_000)):
+        holder = Holder(name, "sync", "default", "while_executing", "running", worker_id="old-host:7")
+        record = f"{now + 600_000}|1|{acquired_at}|{holder.to_json()}"
+        redis_client.hset(f"{PREFIX}:{{{name}}}:run", mapping={"fence": 1, "t": record})
+    report = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER).run()
+    assert report.released_dead_workers == 1
+    assert scan_all(backend) == {(f"{PREFIX}:{{young}}:run", "t")}
