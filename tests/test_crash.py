@@ -34,12 +34,11 @@ ACCOUNT_LOCK = dict(
 LEASE = 1000
 HEARTBEAT = 200
 
-#: A worker process whose actors mark in Redis that they started, then sleep
-#: (the test kills the process meanwhile).
+#: The module a `dramatiq` worker process runs: its actors mark in Redis that they started, then
+#: sleep (the test kills the process meanwhile).
 WORKER_SCRIPT = """
 import os, time
 import dramatiq, redis
-from dramatiq import Worker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware, TimeLimit
 from dramatiq_unique import RedisBackend, UniqueJobs
@@ -78,11 +77,6 @@ def settle(event_id):
     time.sleep(60)
     client.rpush("test:done", event_id)
 
-
-broker.emit_after("process_boot")
-worker = Worker(broker, worker_threads=1, worker_timeout=100)
-worker.start()
-time.sleep(60)
 """
 
 
@@ -109,17 +103,30 @@ def crash_env(redis_client):
 
 
 def start_worker(processes, tmp_path, redis_url, client):  # noqa: F811
+    """Start `dramatiq crashing:broker` (one worker process of one thread)."""
     (tmp_path / "crashing.py").write_text(WORKER_SCRIPT)
     # The package under test, wherever it is imported from here.
     path = os.pathsep.join([str(Path(dramatiq_unique.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
-    worker = processes(["crashing.py"], UNIQUE_TEST_REDIS_URL=redis_url, PYTHONPATH=path)
-    wait_until_ready(client, [worker])
-    return worker
+    cli = processes(
+        ["-m", "dramatiq", "crashing:broker", "--processes", "1", "--threads", "1"],
+        UNIQUE_TEST_REDIS_URL=redis_url,
+        PYTHONPATH=path,
+    )
+    wait_until_ready(client, [cli])
+    cli.worker_pid = int(client.lindex("test:ready", 0))
+    return cli
 
 
-def kill(proc) -> float:
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+def kill(cli) -> float:
+    """SIGKILL the worker process (not the CLI's main process)."""
+    pid = cli.worker_pid
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        cli.log.seek(0)
+        raise AssertionError(f"the worker process was gone before the kill: {cli.log.read().decode()}") from None
+    # The dramatiq CLI's main process reaps it.
+    wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2])
     return time.monotonic()
 
 
