@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
 
 import dramatiq_unique
-from dramatiq_unique import RedisBackend, UniqueJobs, current_lock, enqueue_outcome
+from dramatiq_unique import InvalidLockOptions, RedisBackend, StubBackend, UniqueJobs, current_lock, enqueue_outcome
 
 from .support import Env, Gate, wait_for
 from .test_concurrency import processes, wait_until_ready  # noqa: F401 (fixture)
@@ -40,6 +41,7 @@ WORKER_SCRIPT = """
 import os, time
 import dramatiq, redis
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import Middleware, TimeLimit
 from dramatiq_unique import RedisBackend, UniqueJobs
 
@@ -208,3 +210,51 @@ def test_a_killed_workers_until_executed_message_is_redelivered_and_runs_once(
     assert client.llen("test:done") == 0  # the killed attempt never completed
     assert env.is_free(digest)
     assert enqueue_outcome(settle.send("evt_1")).enqueued
+
+
+# Leases in one process, on both backends --------------------------------------------
+
+
+@pytest.fixture(params=["stub", "redis"])
+def short_lease_env(request):
+    """Both backends, with 300 ms leases renewed every 100 ms heartbeat."""
+    if request.param == "stub":
+        broker, backend = StubBroker(), StubBackend()
+    else:
+        client = request.getfixturevalue("redis_client")
+        broker, backend = RedisBroker(client=client), RedisBackend(client=client)
+    broker.emit_after("process_boot")
+    env = Env(request.param, broker, backend, UniqueJobs(backend=backend, lease_period=300, heartbeat_interval=100))
+    yield from env.run()
+
+
+@pytest.mark.parametrize("lock_ttl", [None, 250])
+def test_a_running_message_keeps_its_run_lock_past_the_lease_but_not_past_lock_ttl(short_lease_env, lock_ttl):
+    # R1: the heartbeat thread renews the lease while the actor runs (three lease periods
+    # here); lock_ttl still ends the run lock, renewals never go past it.
+    env = short_lease_env
+    gate = Gate()
+
+    @env.actor(lock="while_executing", lock_ttl=lock_ttl, lock_args_method=lambda key, n: key)
+    def sync(key, n):
+        gate.enter(n, hold=0.9 if n == 0 else 0)
+
+    gate.open()
+    sync.send("acct_1", 0)
+    env.worker(threads=2)
+    wait_for(lambda: gate.runs == [0])
+    time.sleep(0.5)  # past the lease and past lock_ttl, while run 0 still runs
+    sync.send("acct_1", 1)
+    env.join(sync)
+    assert gate.runs == ([0] if lock_ttl is None else [0, 1])
+
+
+def test_crash_options_are_validated():
+    with pytest.raises(InvalidLockOptions, match="lease_period"):
+        UniqueJobs(backend=StubBackend(), lease_period=0)
+    with pytest.raises(InvalidLockOptions, match="at most a third of the lease period"):
+        UniqueJobs(backend=StubBackend(), lease_period=1000, heartbeat_interval=500)
+    with pytest.raises(InvalidLockOptions, match="on_backend_error"):
+        UniqueJobs(backend=StubBackend(), on_backend_error="ignore")
+    with pytest.raises(InvalidLockOptions, match="reaper_interval"):
+        UniqueJobs(backend=StubBackend(), reaper=True, reaper_interval=0)
