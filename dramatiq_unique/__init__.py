@@ -13,6 +13,7 @@ from .errors import (
 )
 from .middleware import UniqueJobs
 from .outcome import EnqueueOutcome, enqueue_outcome
+from .reaper import ReapReport, reap_orphans
 from .strategies import ConflictStrategy, register_strategy
 
 __all__ = [
@@ -30,6 +31,9 @@ __all__ = [
     "current_lock",
     "EnqueueOutcome",
     "enqueue_outcome",
+    # Crash safety
+    "ReapReport",
+    "reap_orphans",
     # Errors
     "UniqueError",
     "InvalidLockOptions",

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dramatiq import Message
 from dramatiq.common import q_name
@@ -16,18 +14,21 @@ from .backends import Acquisition, Holder, LockBackend
 from .backends.base import HELD, LAPSED, SUPERSEDED
 from .current import HeldLock
 from .digest import compute_digest, lock_arguments
+from .errors import LockBackendError
 from .keys import enqueue_key, replaced_key, run_key
+from .liveness import worker_id
 from .options import LockConfig
 from .outcome import ENQUEUED, EnqueueOutcome, enqueue_outcome, record_outcome
+
+if TYPE_CHECKING:
+    from .liveness import Liveness
 
 #: How close to its recorded expiry an enqueue lock is checked again when
 #: its message starts, to allow for clock drift between worker and backend.
 LAPSE_MARGIN = 1000
 
 
-def worker_id() -> str:
-    """This process, as recorded in the run locks it holds."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+__all__ = ["MessageLock", "worker_id"]
 
 
 class MessageLock:
@@ -42,12 +43,23 @@ class MessageLock:
       message(Message): The message.
       digest(str): The message's digest.
       logger(Logger): Where to report a lapsed lock.
+      liveness(Liveness): This process's heartbeat thread: it renews the
+        run lock's lease and retries failed releases (SPEC R1, S6). Without
+        it, run locks last ``lock_ttl`` and failed releases are only logged.
     """
 
     def __init__(
-        self, *, backend: LockBackend, config: LockConfig, message: Message[Any], digest: str, logger: logging.Logger
+        self,
+        *,
+        backend: LockBackend,
+        config: LockConfig,
+        message: Message[Any],
+        digest: str,
+        logger: logging.Logger,
+        liveness: Liveness | None = None,
     ):
         self.backend = backend
+        self.liveness = liveness
         self.config = config
         self.message = message
         self.digest = digest
@@ -72,7 +84,13 @@ class MessageLock:
 
     @classmethod
     def for_message(
-        cls, *, backend: LockBackend, config: LockConfig, message: Message[Any], logger: logging.Logger
+        cls,
+        *,
+        backend: LockBackend,
+        config: LockConfig,
+        message: Message[Any],
+        logger: logging.Logger,
+        liveness: Liveness | None = None,
     ) -> MessageLock:
         """The locks of ``message``, with the digest it recorded when it was
         enqueued, or computed from its arguments.
@@ -88,7 +106,7 @@ class MessageLock:
             unique_across_actors=config.unique_across_actors,
             unique_across_queues=config.unique_across_queues,
         )
-        return cls(backend=backend, config=config, message=message, digest=digest, logger=logger)
+        return cls(backend=backend, config=config, message=message, digest=digest, logger=logger, liveness=liveness)
 
     @property
     def enqueue_key(self) -> str:
@@ -211,20 +229,27 @@ class MessageLock:
         """Give up the enqueue lock, if the message holds it."""
         if self.holds_enqueue:
             self.holds_enqueue = False
-            self.backend.release(self.enqueue_key, self.message.message_id)
+            try:
+                self.backend.release(self.enqueue_key, self.message.message_id)
+            except LockBackendError:
+                if self.liveness is not None:
+                    self.liveness.retry_release(self.enqueue_key, self.message.message_id)
+                raise
 
     def acquire_run(self) -> Acquisition:
         """Take a place in the run lock for this processing attempt."""
         owner = uuid.uuid4().hex
+        ttl = self._run_ttl()
         acquisition = self.backend.acquire(
-            self.run_key, owner, limit=self.config.lock_limit, ttl=self.config.lock_ttl, holder=self._running_holder()
+            self.run_key, owner, limit=self.config.lock_limit, ttl=ttl, holder=self._running_holder()
         )
-        self._took_run_lock(owner, acquisition)
+        self._took_run_lock(owner, acquisition, ttl)
         return acquisition
 
     def swap_enqueue_for_run(self) -> Acquisition:
         """Take a place in the run lock and give up the enqueue lock, atomically."""
         owner = uuid.uuid4().hex
+        ttl = self._run_ttl()
         acquisition = self.backend.swap(
             release_key=self.enqueue_key,
             release_owner=self.message.message_id,
@@ -232,7 +257,7 @@ class MessageLock:
             acquire_key=self.run_key,
             owner=owner,
             limit=self.config.lock_limit,
-            ttl=self.config.lock_ttl,
+            ttl=ttl,
             holder=self._running_holder(),
         )
         if acquisition.acquired:
@@ -240,13 +265,16 @@ class MessageLock:
         if acquisition.superseded:
             self.holds_enqueue = False
             self.superseded = True
-        self._took_run_lock(owner, acquisition)
+        self._took_run_lock(owner, acquisition, ttl)
         return acquisition
 
     def release_run(self) -> None:
         """Give up this attempt's place in the run lock, if it has one."""
         if self.run_owner is not None:
             owner, self.run_owner, self.run_token = self.run_owner, None, None
+            if self.liveness is not None:
+                # Not renewed any more: if the release fails, the lease runs out.
+                self.liveness.drop(self.run_key, owner)
             self.backend.release(self.run_key, owner)
 
     def _claim(self, *, release: bool) -> str:
@@ -262,10 +290,24 @@ class MessageLock:
         self.superseded = answer == SUPERSEDED
         return answer
 
-    def _took_run_lock(self, owner: str, acquisition: Acquisition) -> None:
+    def _run_ttl(self) -> int | None:
+        """A run lock is a lease (SPEC R1), cut short by ``lock_ttl`` if that is shorter."""
+        lease = self.liveness.lease_period if self.liveness is not None else None
+        ttl = self.config.lock_ttl
+        if lease is None or (ttl is not None and ttl <= lease):
+            return ttl
+        return lease
+
+    def _took_run_lock(self, owner: str, acquisition: Acquisition, ttl: int | None) -> None:
         if acquisition.acquired:
             self.run_owner = owner
             self.run_token = acquisition.token
+            if self.liveness is not None and ttl is not None and acquisition.expires_at:
+                # lock_ttl still ends the lock: renewals never go past it.
+                deadline = None
+                if self.config.lock_ttl is not None:
+                    deadline = acquisition.expires_at - ttl + self.config.lock_ttl
+                self.liveness.hold(self.run_key, owner, expires_at=acquisition.expires_at, deadline=deadline)
 
     def _running_holder(self) -> Holder:
         return self._holder("running", worker_id=worker_id())
@@ -278,4 +320,6 @@ class MessageLock:
             lock=self.config.lock.name,
             state=state,
             worker_id=worker_id,
+            # Lets the orphan reaper ask a RedisBroker whether the message still exists (SPEC R2).
+            redis_message_id=self.message.options.get("redis_message_id") if state == "queued" else None,
         )

@@ -13,16 +13,19 @@ from dramatiq.logging import get_logger
 from dramatiq.middleware import Retries, SkipMessage
 
 from .backends import LockBackend
+from .crash import RAISE, CrashSafety, check_crash_options
 from .current import _set_current_lock
 from .errors import EnqueueCancelled, InvalidLockOptions, LockBackendError
+from .liveness import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_PERIOD, Liveness
 from .lock import MessageLock
 from .options import DEFAULT_LOCK_PREFIX, DEFAULT_RESCHEDULE_DELAY, DEFAULTS, MESSAGE_OPTIONS, LockConfig, resolve
 from .outcome import ENQUEUED, OUTCOME_OPTION, REJECTED, RESCHEDULED, enqueue_outcome
+from .reaper import DEFAULT_REAPER_INTERVAL, Reaper
 from .strategies import CLIENT, SERVER, Conflict
 from .strategies.reject import dead_letter_if_rejected
 
 
-class UniqueJobs(Middleware):
+class UniqueJobs(CrashSafety, Middleware):
     """Middleware that gives actors job-uniqueness locks.
 
     Add it to the broker before declaring actors, ahead of ``TimeLimit``, so
@@ -49,6 +52,24 @@ class UniqueJobs(Middleware):
       unique_across_actors(bool): Leave the actor out of the digest.
       reschedule_delay(int): Milliseconds before a rescheduled duplicate tries again.
       max_reschedules(int): How often a duplicate may be rescheduled; ``None`` for no limit.
+
+    These are options of the middleware only (see docs/crash-safety.md):
+
+    Parameters:
+      lease_period(int): Milliseconds a run lock is held without a renewal: a
+        worker renews the run locks of the messages it runs, and a dead
+        worker's run locks are free again within this time (SPEC R1).
+      heartbeat_interval(int): Milliseconds between two heartbeats of a worker
+        process; at most a third of ``lease_period``.
+      on_backend_error(str): What happens when the lock backend cannot be
+        reached (SPEC S6): ``"raise"`` (``send()`` raises ``LockBackendError``;
+        in a worker the message fails and is retried) or ``"allow"`` (log a
+        warning and go on without the lock).
+      reaper(bool): Declare the orphan reaper actor on the broker, and let
+        workers send it every ``reaper_interval`` (SPEC R2).
+      reaper_interval(int): Milliseconds between two runs of the reaper,
+        across all workers; ``None`` to schedule ``reaper_actor`` yourself.
+      reaper_queue(str): The queue of the reaper actor.
     """
 
     def __init__(
@@ -65,9 +86,36 @@ class UniqueJobs(Middleware):
         unique_across_actors: bool = False,
         reschedule_delay: int = DEFAULT_RESCHEDULE_DELAY,
         max_reschedules: int | None = None,
+        lease_period: int = DEFAULT_LEASE_PERIOD,
+        heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
+        on_backend_error: str = RAISE,
+        reaper: bool = False,
+        reaper_interval: int | None = DEFAULT_REAPER_INTERVAL,
+        reaper_queue: str = "default",
     ):
         self.logger = get_logger(__name__, type(self))
         self.backend = backend
+        check_crash_options(
+            lease_period=lease_period,
+            heartbeat_interval=heartbeat_interval,
+            on_backend_error=on_backend_error,
+            reaper_interval=reaper_interval,
+        )
+        self.on_backend_error = on_backend_error
+        self.liveness = Liveness(
+            backend,
+            prefix=lock_prefix,
+            lease_period=lease_period,
+            heartbeat_interval=heartbeat_interval,
+            logger=self.logger,
+        )
+        self.reaper = Reaper(backend, prefix=lock_prefix, lease_period=lease_period, logger=self.logger)
+        self.reaper_enabled = reaper
+        self.reaper_interval = reaper_interval
+        self.reaper_queue = reaper_queue
+        self.reaper_actor: Actor[Any, Any] | None = None
+        if reaper and reaper_interval is not None:
+            self.liveness.on_tick = self._maybe_trigger_reaper
         self.defaults = {
             "lock": lock,
             "on_conflict": on_conflict,
@@ -161,16 +209,20 @@ class UniqueJobs(Middleware):
             return
 
         # Bad lock arguments fail the send for every lock type (SPEC D6).
-        lock = MessageLock.for_message(backend=self.backend, config=config, message=message, logger=self.logger)
+        lock = MessageLock.for_message(
+            backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
+        )
         if not config.lock.locks_at_enqueue:
             lock.record_enqueued()
             return
         try:
             acquisition = lock.acquire_enqueue(delay)
-        except LockBackendError:
+        except LockBackendError as e:
             # The script may have run and only its answer been lost.
             self._release(lock.release_enqueue, message, "after the lock backend failed to answer")
-            raise
+            self._backend_failed(message, "enqueued", e)  # raises, unless on_backend_error="allow"
+            lock.record_enqueued()
+            return
         if acquisition.acquired:
             self._local.taken = lock
             return
@@ -201,7 +253,9 @@ class UniqueJobs(Middleware):
     def _reenter(self, message: Message[Any], config: LockConfig, delay: int | None) -> None:
         # Never raises: an exception here would lose a retry or wedge a consumer.
         try:
-            lock = MessageLock.for_message(backend=self.backend, config=config, message=message, logger=self.logger)
+            lock = MessageLock.for_message(
+                backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
+            )
             acquisition = lock.acquire_enqueue(delay)
         except Exception:
             self.logger.error(
@@ -229,9 +283,15 @@ class UniqueJobs(Middleware):
         if config is None:
             return
         dead_letter_if_rejected(message, self.logger)
-        lock = MessageLock.for_message(backend=self.backend, config=config, message=message, logger=self.logger)
+        lock = MessageLock.for_message(
+            backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
+        )
         self._local.processing = lock
-        acquisition = config.lock.start(lock)
+        try:
+            acquisition = config.lock.start(lock)
+        except LockBackendError as e:
+            self._backend_failed(message, "run", e)  # raises, unless on_backend_error="allow"
+            acquisition = None
         if lock.superseded:
             self.logger.info(
                 "Message %r of actor %r is skipped: a newer message took its place in lock %r (strategy 'replace').",
@@ -262,7 +322,9 @@ class UniqueJobs(Middleware):
             config = self._config_for(message)
             if config is None or not enqueue_outcome(message).digest:
                 return
-            lock = MessageLock.for_message(backend=self.backend, config=config, message=message, logger=self.logger)
+            lock = MessageLock.for_message(
+                backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
+            )
         self._release(lambda: lock.config.lock.end(lock, requeued=lock.requeued), message, "after it was processed")
 
     # Helpers -----------------------------------------------------------------
@@ -289,8 +351,8 @@ class UniqueJobs(Middleware):
             release()
         except LockBackendError:
             self.logger.error(
-                "The lock of message %r of actor %r could not be released %s; "
-                "it stays held until its lock_ttl runs out, or for good if it has none.",
+                "The lock of message %r of actor %r could not be released %s; this worker tries again, "
+                "and its lease, its lock_ttl or the orphan reaper frees it if that fails too.",
                 message.message_id,
                 message.actor_name,
                 when,

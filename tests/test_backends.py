@@ -261,3 +261,94 @@ def test_redis_outage_raises_lock_backend_error_without_the_password():
     with pytest.raises(LockBackendError) as excinfo:
         acquire(backend, "m1")
     assert "s3cret" not in str(excinfo.value)
+
+
+# Leases, the worker registry and the reaper's operations (SPEC R1-R4, S2) ---------
+
+
+def test_renew_pushes_back_the_owners_expiry_only(backend):
+    # R1 + S2: a lease is renewed by its owner only, and a lapsed or released one stays gone.
+    first = acquire(backend, "t1", key=RUN_KEY, ttl=200)
+    assert backend.renew(RUN_KEY, "t2", ttl=5_000) is None
+    renewed = backend.renew(RUN_KEY, "t1", ttl=5_000)
+    assert renewed >= first.expires_at + 4_000
+    time.sleep(0.25)
+    assert not acquire(backend, "t2", key=RUN_KEY).acquired  # still held thanks to the renewal
+    backend.release(RUN_KEY, "t1")
+    assert backend.renew(RUN_KEY, "t1", ttl=5_000) is None
+    acquire(backend, "t3", key=RUN_KEY, ttl=50)
+    time.sleep(0.08)
+    assert backend.renew(RUN_KEY, "t3", ttl=5_000) is None  # too late: the lease ran out
+    assert acquire(backend, "t4", key=RUN_KEY).acquired
+
+
+def test_renew_never_goes_past_the_deadline_nor_shortens(backend):
+    first = acquire(backend, "t1", key=RUN_KEY, ttl=1_000)
+    assert backend.renew(RUN_KEY, "t1", ttl=50_000, deadline=first.expires_at + 2_000) == first.expires_at + 2_000
+    assert backend.renew(RUN_KEY, "t1", ttl=10) == first.expires_at + 2_000
+    acquire(backend, "t9", key=KEY)
+    assert backend.renew(KEY, "t9", ttl=10) == 0  # a place that never lapses stays so
+
+
+def test_the_worker_registry_records_heartbeats_with_the_backends_clock(backend):
+    before = backend.heartbeat("dramatiq-unique:workers", "w1")
+    time.sleep(0.01)
+    backend.heartbeat("dramatiq-unique:workers", "w2")
+    now, beats = backend.heartbeats("dramatiq-unique:workers")
+    assert set(beats) == {"w1", "w2"}
+    assert before == beats["w1"] < beats["w2"] <= now
+    assert backend.forget_workers("dramatiq-unique:workers", worker_id="w2") == 1
+    assert backend.forget_workers("dramatiq-unique:workers", before=now + 1) == 1
+    assert backend.heartbeats("dramatiq-unique:workers")[1] == {}
+
+
+def test_scan_visits_every_lock_in_bounded_steps(backend):
+    # R4: every lock is seen once the cursor comes back to "0", a few keys per step.
+    for i in range(25):
+        acquire(backend, f"m{i}", key=f"dramatiq-unique:{{d{i}}}", ttl=60_000)
+    acquire(backend, "t0", key="dramatiq-unique:{d0}:run")
+    acquire(backend, "x", key="other-prefix:{d0}")
+    backend.heartbeat("dramatiq-unique:workers", "w1")  # not a lock: never listed
+    cursor, seen, steps = "0", [], 0
+    while True:
+        cursor, records = backend.scan("dramatiq-unique", cursor, 5)
+        seen.extend(records)
+        steps += 1
+        if cursor == "0":
+            break
+    assert steps >= 3
+    assert {(r.key, r.owner) for r in seen} == {(f"dramatiq-unique:{{d{i}}}", f"m{i}") for i in range(25)} | {
+        ("dramatiq-unique:{d0}:run", "t0")
+    }
+    record = next(r for r in seen if r.owner == "m3")
+    assert record.holder["message_id"] == "m3" and record.holder["state"] == "queued"
+    assert record.expires_at == record.acquired_at + 60_000 and record.token > 0
+
+
+def scan_all(backend) -> list:
+    """Every record, through as many scan steps as it takes (a cluster is scanned node by node)."""
+    records, cursor = [], "0"
+    while True:
+        cursor, step = backend.scan("dramatiq-unique", cursor, 10)
+        records.extend(step)
+        if cursor == "0":
+            return records
+
+
+def test_release_record_only_frees_a_place_still_as_read(backend):
+    # R3 + S2: the reaper never frees a place renewed or re-taken after it read it.
+    acquire(backend, "t1", key=RUN_KEY, ttl=5_000)
+    (record,) = scan_all(backend)
+    backend.renew(RUN_KEY, "t1", ttl=9_000)
+    assert backend.release_record(RUN_KEY, "t1", record.record) is False
+    (record,) = scan_all(backend)
+    assert backend.release_record(RUN_KEY, "t2", record.record) is False
+    assert backend.release_record(RUN_KEY, "t1", record.record) is True
+    assert acquire(backend, "t2", key=RUN_KEY).acquired
+
+
+def test_small_values_expire(backend):
+    backend.set_value("dramatiq-unique:reaper:cursor", "17", ttl=50)
+    assert backend.get_value("dramatiq-unique:reaper:cursor") == "17"
+    time.sleep(0.08)
+    assert backend.get_value("dramatiq-unique:reaper:cursor") is None

@@ -103,7 +103,8 @@ def test_locks_spread_over_every_master_and_hold_on_each(env, redis_cluster):
     env.worker(threads=8)
     env.join(settle)
     assert runs == {i: 1 for i in range(60)}
-    assert redis_cluster.keys_per_master(f"{PREFIX}:*") == [[], [], []]
+    # No lock is left; the worker registry (the key "<prefix>:workers") lives on while the worker runs.
+    assert redis_cluster.keys_per_master(f"{PREFIX}:{{*") == [[], [], []]
 
 
 def test_a_lifecycle_is_one_script_call_per_transition_on_the_digests_master(cluster_client, redis_cluster):
@@ -422,4 +423,34 @@ def test_workers_keep_every_lock_while_slots_move(env, redis_cluster, caplog):
     assert runs == {i: 1 for i in range(150)}
     assert env.dead_letters(rebuild) == []
     assert unique_warnings(caplog) == []
-    assert redis_cluster.keys_per_master(f"{PREFIX}:*") == [[], [], []]
+    # No lock is left; the worker registry (the key "<prefix>:workers") lives on while the worker runs.
+    assert redis_cluster.keys_per_master(f"{PREFIX}:{{*") == [[], [], []]
+
+
+def test_the_reaper_walks_every_master_of_a_cluster(cluster_client, redis_cluster):
+    # R2 + R4 + S5: the reaper scans node by node and frees exactly the dead worker's run locks,
+    # wherever their digests live; a live worker's run locks stay.
+    from dramatiq_unique.liveness import registry_key
+    from dramatiq_unique.reaper import Reaper
+
+    from .test_reaper import LOGGER, PREFIX, plant_orphans, scan_all
+
+    backend = RedisBackend(client=cluster_client)
+    planted = plant_orphans(backend, cluster_client, 60)
+    dead_run_locks = {place for place in planted if place[0].endswith(":run")}
+    backend.heartbeat(registry_key(PREFIX), "live-host:1:0000")
+    live = set()
+    for digest in digests(30, seed="live"):
+        key, owner = run_key(PREFIX, digest), uuid.uuid4().hex
+        running = Holder(
+            f"m-{digest[:8]}", "sync", "default", "while_executing", "running", worker_id="live-host:1:0000"
+        )
+        assert backend.acquire(key, owner, limit=1, ttl=600_000, holder=running).acquired
+        live.add((key, owner))
+    assert all(keys for keys in redis_cluster.keys_per_master(f"{PREFIX}:{{*"))  # every master holds locks
+
+    report = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, batch=10, min_age=0).run()
+
+    assert report.complete and report.passes >= 3
+    assert report.released == len(dead_run_locks) == 30
+    assert scan_all(backend) == (planted - dead_run_locks) | live  # no broker given: enqueue locks stay

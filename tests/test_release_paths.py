@@ -157,14 +157,16 @@ def test_a_retry_extends_the_lock_over_its_backoff(env):
     assert env.is_free(enqueue_outcome(message).digest)
 
 
-def test_messages_requeued_on_worker_shutdown_keep_their_locks(redis_env):
-    # Worker.stop gives prefetched messages back to the broker without any hook:
+@pytest.mark.parametrize("lock", ["until_executed", "until_executing", "until_and_while_executing"])
+def test_messages_requeued_on_worker_shutdown_keep_their_locks(redis_env, lock):
+    # R6: Worker.stop gives prefetched messages back to the broker without any hook:
     # they keep their enqueue locks, run on the next worker, and free them then.
+    # The stopped worker leaves the worker registry.
     # (RedisBroker only: StubBroker's join never settles after a requeue.)
     env = redis_env
     gate = Gate()
 
-    @env.actor(lock="until_executed")
+    @env.actor(lock=lock)
     def settle(event_id):
         gate.enter(event_id, hold=0.05)
 
@@ -174,6 +176,7 @@ def test_messages_requeued_on_worker_shutdown_keep_their_locks(redis_env):
     gate.open()
     worker.stop()
     env.workers.remove(worker)
+    assert env.backend.heartbeats("dramatiq-unique:workers")[1] == {}
     unstarted = [m for m in messages if f"evt_{messages.index(m)}" not in gate.runs]
     assert unstarted, "the worker was expected to stop with messages left over"
     for message in unstarted:

@@ -1,7 +1,7 @@
 """Lock backends: where locks are stored."""
 
-from .base import Acquisition, Holder, LockBackend
+from .base import Acquisition, Holder, LockBackend, LockRecord
 from .redis import RedisBackend
 from .stub import StubBackend
 
-__all__ = ["Acquisition", "Holder", "LockBackend", "RedisBackend", "StubBackend"]
+__all__ = ["Acquisition", "Holder", "LockBackend", "LockRecord", "RedisBackend", "StubBackend"]

@@ -27,6 +27,8 @@ class Holder:
       lock(str): The lock type, e.g. ``"until_executed"``.
       state(str): ``"queued"`` for enqueue locks, ``"running"`` for run locks.
       worker_id(str): The worker process running the message, for run locks.
+      redis_message_id(str): The message's id in a ``RedisBroker`` queue, for
+        enqueue locks: the orphan reaper asks the broker whether it still exists.
     """
 
     message_id: str
@@ -35,9 +37,48 @@ class Holder:
     lock: str
     state: str
     worker_id: str | None = None
+    redis_message_id: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        # Unset fields are left out: every held lock pays for its bytes (SPEC P4).
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class LockRecord:
+    """One holder's place in a lock, as stored (SPEC S3), found by :meth:`LockBackend.scan`.
+
+    Parameters:
+      key(str): The lock's key.
+      owner(str): The owner of the place.
+      record(str): The place exactly as stored; :meth:`LockBackend.release_record`
+        only gives the place up while it is still this.
+      expires_at(int): When the place lapses, in ms of the backend's clock; ``None`` for never.
+      token(int): The place's fencing token.
+      acquired_at(int): When the place was taken, in ms of the backend's clock.
+      holder(dict): The :class:`Holder` fields recorded with the place.
+    """
+
+    key: str
+    owner: str
+    record: str
+    expires_at: int | None
+    token: int
+    acquired_at: int
+    holder: dict
+
+    @classmethod
+    def parse(cls, key: str, owner: str, record: str) -> LockRecord:
+        expires_at, token, acquired_at, holder = record.split("|", 3)
+        return cls(
+            key=key,
+            owner=owner,
+            record=record,
+            expires_at=int(expires_at) if expires_at else None,
+            token=int(token),
+            acquired_at=int(acquired_at),
+            holder=json.loads(holder),
+        )
 
 
 @dataclass(frozen=True)
@@ -143,3 +184,70 @@ class LockBackend(abc.ABC):
         message took ``release_owner``'s place, nothing is taken and the
         answer is ``superseded``.
         """
+
+    # Leases and worker liveness (SPEC R1) ------------------------------------
+
+    @abc.abstractmethod
+    def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
+        """Push back the expiry of ``owner``'s place to ``ttl`` ms from now,
+        but never past ``deadline`` and never earlier than it was (SPEC S2:
+        only the owner's own place is touched).
+
+        Returns:
+          int: The place's new expiry in ms of the backend's clock (0 for a
+          place that never lapses), or ``None`` when ``owner`` holds no place:
+          its lease ran out, or it was released.
+        """
+
+    @abc.abstractmethod
+    def heartbeat(self, key: str, worker_id: str) -> int:
+        """Record that ``worker_id`` is alive now in the registry at ``key``.
+
+        Returns:
+          int: Now, in ms of the backend's clock.
+        """
+
+    @abc.abstractmethod
+    def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
+        """The registry at ``key``: now, and each worker's last heartbeat, in ms of the backend's clock."""
+
+    @abc.abstractmethod
+    def forget_workers(self, key: str, *, worker_id: str | None = None, before: int | None = None) -> int:
+        """Remove ``worker_id``, or every worker last seen before ``before``, from the registry at ``key``.
+
+        Returns:
+          int: How many were removed.
+        """
+
+    # The orphan reaper (SPEC R2-R4) -------------------------------------------
+
+    @abc.abstractmethod
+    def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
+        """One bounded step through the locks under ``prefix`` (SPEC R4).
+
+        Parameters:
+          prefix(str): The lock prefix.
+          cursor(str): ``"0"`` to start, else what the previous step returned.
+          count(int): About how many keys to look at in this step.
+
+        Returns:
+          tuple: The cursor of the next step (``"0"`` when every lock was
+          seen) and the places of the locks found in this step.
+        """
+
+    @abc.abstractmethod
+    def release_record(self, key: str, owner: str, record: str) -> bool:
+        """Give up ``owner``'s place only while it is still exactly ``record``
+        (neither renewed, re-entered nor re-taken since it was read).
+
+        Returns:
+          bool: Whether the place was given up.
+        """
+
+    @abc.abstractmethod
+    def get_value(self, key: str) -> str | None:
+        """A small value stored at ``key``, e.g. the reaper's cursor."""
+
+    @abc.abstractmethod
+    def set_value(self, key: str, value: str, *, ttl: int) -> None:
+        """Store a small value at ``key`` for ``ttl`` ms."""

@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from ..errors import LockBackendError
-from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend
+from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord
 
 #: The Lua functions every script starts with.
 _LIBRARY = "holders"
@@ -56,6 +56,10 @@ class RedisBackend(LockBackend):
         self._swap = self.client.register_script(_script_source("swap"))
         self._replace = self.client.register_script(_script_source("replace"))
         self._claim = self.client.register_script(_script_source("claim"))
+        self._renew = self.client.register_script(_script_source("renew"))
+        self._heartbeat = self.client.register_script(_script_source("heartbeat"))
+        self._heartbeats = self.client.register_script(_script_source("heartbeats"))
+        self._release_record = self.client.register_script(_script_source("release_record"))
 
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
@@ -99,6 +103,81 @@ class RedisBackend(LockBackend):
         )
         return _acquisition(reply)
 
+    def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
+        reply = int(self._call(self._renew, [key], [owner, ttl, deadline or 0]))
+        return None if reply < 0 else reply
+
+    def heartbeat(self, key: str, worker_id: str) -> int:
+        return int(self._call(self._heartbeat, [key], [worker_id]))
+
+    def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
+        reply = self._call(self._heartbeats, [key], [])
+        entries = reply[1:]
+        return int(reply[0]), {_text(entries[i]): int(float(entries[i + 1])) for i in range(0, len(entries), 2)}
+
+    def forget_workers(self, key: str, *, worker_id: str | None = None, before: int | None = None) -> int:
+        try:
+            if worker_id is not None:
+                return int(self.client.zrem(key, worker_id))
+            return int(self.client.zremrangebyscore(key, "-inf", f"({before}"))
+        except redis.RedisError as e:
+            raise _backend_error(e) from e
+
+    def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
+        # Lock keys are "<prefix>:{<digest>}" and "<prefix>:{<digest>}:run"; a glob
+        # character in the prefix is escaped. SCAN costs O(count) per step (SPEC R4).
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + ":{*"
+        try:
+            if _is_cluster(self.client):
+                next_cursor, keys = self._scan_cluster(cursor, pattern, count)
+            else:
+                position, keys = self.client.scan(int(cursor), match=pattern, count=count)
+                next_cursor = str(position)
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            contents = pipe.execute()
+        except redis.RedisError as e:
+            raise _backend_error(e) from e
+        records = []
+        for key, fields in zip(keys, contents, strict=True):
+            key = _text(key)
+            for owner, record in fields.items():
+                owner = _text(owner)
+                if owner != "fence":
+                    records.append(LockRecord.parse(key, owner, _text(record)))
+        return next_cursor, records
+
+    def _scan_cluster(self, cursor: str, pattern: str, count: int) -> tuple[str, list[Any]]:
+        # Node by node, primaries in a stable order: the cursor is "<node index>:<node cursor>".
+        nodes = sorted(self.client.get_primaries(), key=lambda node: node.name)
+        index, _, position = cursor.partition(":") if cursor != "0" else ("0", "", "0")
+        index, position = int(index), int(position or 0)
+        if index >= len(nodes):
+            return "0", []
+        # RedisCluster.scan answers ({node name: cursor}, keys).
+        cursors, keys = self.client.scan(position, match=pattern, count=count, target_nodes=nodes[index])
+        position = next(iter(cursors.values())) if isinstance(cursors, dict) else cursors
+        if int(position) == 0:
+            index, position = index + 1, 0
+        return ("0" if index >= len(nodes) else f"{index}:{position}"), keys
+
+    def release_record(self, key: str, owner: str, record: str) -> bool:
+        return bool(self._call(self._release_record, [key], [owner, record]))
+
+    def get_value(self, key: str) -> str | None:
+        try:
+            value = self.client.get(key)
+        except redis.RedisError as e:
+            raise _backend_error(e) from e
+        return None if value is None else _text(value)
+
+    def set_value(self, key: str, value: str, *, ttl: int) -> None:
+        try:
+            self.client.set(key, value, px=ttl)
+        except redis.RedisError as e:
+            raise _backend_error(e) from e
+
     def _call(self, script, keys: list[str], args: list[Any]) -> Any:
         deadline = None
         while True:
@@ -117,6 +196,14 @@ class RedisBackend(LockBackend):
 def _backend_error(e: redis.RedisError) -> LockBackendError:
     # The error names host and port at most, never credentials (SPEC S7).
     return LockBackendError(f"The Redis lock backend failed: {type(e).__name__}: {e}")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _is_cluster(client: Any) -> bool:
+    return hasattr(client, "get_primaries")
 
 
 def _acquisition(reply: list[Any]) -> Acquisition:

@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend
+from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord
 
 
 @dataclass
@@ -15,6 +15,11 @@ class _Place:
     token: int
     acquired_at: int
     expires_at: int | None
+
+    def record(self) -> str:
+        # The format RedisBackend stores, so release_record compares the same thing.
+        expiry = "" if self.expires_at is None else str(self.expires_at)
+        return f"{expiry}|{self.token}|{self.acquired_at}|{self.holder.to_json()}"
 
 
 @dataclass
@@ -33,6 +38,8 @@ class StubBackend(LockBackend):
         self._mutex = threading.Lock()
         self._locks: dict[str, _Lock] = {}
         self._replaced: dict[str, set[str]] = {}
+        self._workers: dict[str, dict[str, int]] = {}
+        self._values: dict[str, tuple[str, int]] = {}
 
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
@@ -97,11 +104,74 @@ class StubBackend(LockBackend):
                 self._release(release_key, release_owner)
             return acquisition
 
+    def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
+        with self._mutex:
+            now = _now()
+            lock = self._live(key, now)
+            place = lock.places.get(owner)
+            if place is None:
+                return None
+            if place.expires_at is None:
+                return 0
+            target = now + ttl if deadline is None else min(now + ttl, deadline)
+            place.expires_at = max(place.expires_at, target)
+            return place.expires_at
+
+    def heartbeat(self, key: str, worker_id: str) -> int:
+        with self._mutex:
+            now = _now()
+            self._workers.setdefault(key, {})[worker_id] = now
+            return now
+
+    def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
+        with self._mutex:
+            return _now(), dict(self._workers.get(key, {}))
+
+    def forget_workers(self, key: str, *, worker_id: str | None = None, before: int | None = None) -> int:
+        with self._mutex:
+            workers = self._workers.get(key, {})
+            gone = [w for w, seen in workers.items() if w == worker_id or (before is not None and seen < before)]
+            for w in gone:
+                del workers[w]
+            return len(gone)
+
+    def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
+        # The cursor is the last key seen, so a step resumes after it whatever changed meanwhile.
+        with self._mutex:
+            now = _now()
+            after = "" if cursor == "0" else cursor[2:]
+            keys = sorted(k for k in self._locks if k.startswith(prefix + ":{") and k > after)[:count]
+            records = [
+                LockRecord.parse(key, owner, place.record())
+                for key in keys
+                for owner, place in self._live(key, now).places.items()
+            ]
+            return ("0" if len(keys) < count else "k:" + keys[-1]), records
+
+    def release_record(self, key: str, owner: str, record: str) -> bool:
+        with self._mutex:
+            lock = self._live(key, _now())
+            place = lock.places.get(owner)
+            if place is None or place.record() != record:
+                return False
+            return self._release(key, owner)
+
+    def get_value(self, key: str) -> str | None:
+        with self._mutex:
+            value, expires_at = self._values.get(key, (None, 0))
+            return value if expires_at > _now() else None
+
+    def set_value(self, key: str, value: str, *, ttl: int) -> None:
+        with self._mutex:
+            self._values[key] = (value, _now() + ttl)
+
     def flush(self) -> None:
-        """Drop every lock."""
+        """Drop every lock, worker and value."""
         with self._mutex:
             self._locks.clear()
             self._replaced.clear()
+            self._workers.clear()
+            self._values.clear()
 
     def _forget_replaced(self, replaced_key: str, owner: str) -> bool:
         replaced = self._replaced.get(replaced_key, set())
@@ -146,3 +216,7 @@ class StubBackend(LockBackend):
         lock = self._locks.get(key) or _Lock()
         lock.places = {o: p for o, p in lock.places.items() if p.expires_at is None or p.expires_at > now}
         return lock
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,238 @@
+"""Worker liveness (SPEC R1): this process's heartbeat, the leases of the run
+locks its messages hold, and the releases that failed and are tried again (S6).
+
+One daemon thread per process does all three, once per heartbeat interval:
+
+* it records the process in the worker registry, a sorted set
+  ``<prefix>:workers`` of worker id -> last heartbeat (server time), which
+  the orphan reaper reads to tell live workers from dead ones;
+* it renews each run lock whose lease has less than two heartbeat intervals
+  left, so a message running for a long time costs about one renewal per
+  lease period (SPEC P1), and a dead process's run locks lapse within one
+  lease period;
+* it gives up the locks whose release failed while the backend was down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .backends import LockBackend
+from .errors import LockBackendError
+
+#: The default lease of a run lock, in milliseconds: a dead worker's run locks are free again within it.
+DEFAULT_LEASE_PERIOD = 30_000
+#: The default interval between two heartbeats of a worker process, in milliseconds.
+DEFAULT_HEARTBEAT_INTERVAL = 5_000
+
+_worker_id: tuple[int, str] | None = None
+
+
+def worker_id() -> str:
+    """This process, as recorded in the run locks it holds and in the worker
+    registry: host, pid and a random part, so that a new process that reuses
+    a pid is another worker (and a forked child gets its own id)."""
+    global _worker_id
+    pid = os.getpid()
+    if _worker_id is None or _worker_id[0] != pid:
+        _worker_id = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}")
+    return _worker_id[1]
+
+
+def registry_key(prefix: str) -> str:
+    """The key of the worker registry."""
+    return f"{prefix}:workers"
+
+
+@dataclass
+class _Lease:
+    expires_at: int
+    deadline: int | None
+
+
+class Liveness:
+    """The heartbeat thread of one process and what it looks after.
+
+    Parameters:
+      backend(LockBackend): Where the registry and the locks are.
+      prefix(str): The lock prefix of the registry.
+      lease_period(int): Milliseconds a run lock is held without a renewal.
+      heartbeat_interval(int): Milliseconds between two heartbeats.
+      logger(Logger): Where to report.
+    """
+
+    def __init__(
+        self,
+        backend: LockBackend,
+        *,
+        prefix: str,
+        lease_period: int,
+        heartbeat_interval: int,
+        logger: logging.Logger,
+    ):
+        self.backend = backend
+        self.registry_key = registry_key(prefix)
+        self.lease_period = lease_period
+        self.heartbeat_interval = heartbeat_interval
+        self.logger = logger
+        #: Called by the thread after each heartbeat (the reaper's trigger).
+        self.on_tick: Callable[[int], None] | None = None
+        self._mutex = threading.Lock()
+        self._leases: dict[tuple[str, str], _Lease] = {}
+        self._pending: dict[tuple[str, str], int] = {}
+        self._users = 0
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        #: The backend's clock minus ours, in milliseconds, as of the last heartbeat.
+        self._offset = 0
+
+    @property
+    def worker_id(self) -> str:
+        return worker_id()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # Lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Register this process and start the thread; called once per Worker
+        started in the process, before the Worker takes any message."""
+        with self._mutex:
+            self._users += 1
+            if self.running:
+                return
+            self._stopped.clear()
+            self._thread = threading.Thread(target=self._run, name="dramatiq-unique-heartbeat", daemon=True)
+        # The first heartbeat is synchronous: the worker is registered before it takes a message.
+        now = self._beat()
+        if now is not None:
+            try:  # processes killed long ago leave the registry, reaper or not
+                self.backend.forget_workers(self.registry_key, before=now - 10 * self.lease_period)
+            except LockBackendError:
+                pass
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread when the last Worker of this process stopped, and leave the registry."""
+        with self._mutex:
+            self._users -= 1
+            if self._users > 0 or self._thread is None:
+                return
+            thread, self._thread = self._thread, None
+        self._stopped.set()
+        thread.join()
+        self._retry_releases()
+        for key, owner in self._pending:
+            self.logger.error(
+                "The lock %r of %r could not be released before this worker stopped; "
+                "the orphan reaper or its lock_ttl will free it.",
+                key,
+                owner,
+            )
+        try:
+            self.backend.forget_workers(self.registry_key, worker_id=self.worker_id)
+        except LockBackendError:
+            self.logger.warning("Worker %r could not leave the worker registry.", self.worker_id, exc_info=True)
+
+    # What the thread looks after ---------------------------------------------
+
+    def hold(self, key: str, owner: str, *, expires_at: int | None, deadline: int | None) -> None:
+        """Renew this run lock until :meth:`drop`; a place that never lapses needs nothing."""
+        if expires_at and (deadline is None or expires_at < deadline):
+            with self._mutex:
+                self._leases[(key, owner)] = _Lease(expires_at=expires_at, deadline=deadline)
+
+    def drop(self, key: str, owner: str) -> None:
+        with self._mutex:
+            self._leases.pop((key, owner), None)
+
+    def retry_release(self, key: str, owner: str) -> None:
+        """Give up ``owner``'s place at ``key`` later: its release just failed (SPEC S6)."""
+        with self._mutex:
+            self._pending[(key, owner)] = 0
+        if not self.running:
+            self.logger.error(
+                "The lock %r of %r could not be released and no worker runs in this process to try again; "
+                "the orphan reaper or its lock_ttl will free it.",
+                key,
+                owner,
+            )
+
+    def tick(self) -> None:
+        """One round of the thread: heartbeat, renewals, failed releases, then ``on_tick``."""
+        now = self._beat()
+        if now is None:
+            return
+        self._renew_due()
+        self._retry_releases()
+        if self.on_tick is not None:
+            try:
+                self.on_tick(now)
+            except Exception:
+                self.logger.exception("The heartbeat thread's periodic task failed.")
+
+    def _run(self) -> None:
+        interval = self.heartbeat_interval / 1000
+        while not self._stopped.wait(interval):
+            try:
+                self.tick()
+            except Exception:  # the thread must outlive anything
+                self.logger.exception("The heartbeat of worker %r failed.", self.worker_id)
+
+    def _beat(self) -> int | None:
+        sent = time.time() * 1000
+        try:
+            now = self.backend.heartbeat(self.registry_key, self.worker_id)
+        except LockBackendError as e:
+            self.logger.warning("Worker %r could not send its heartbeat: %s", self.worker_id, e)
+            return None
+        self._offset = int(now - (sent + time.time() * 1000) / 2)
+        return now
+
+    def _renew_due(self) -> None:
+        horizon = time.time() * 1000 + self._offset + 2 * self.heartbeat_interval
+        with self._mutex:
+            due = [(k, lease) for k, lease in self._leases.items() if lease.expires_at <= horizon]
+        for (key, owner), lease in due:
+            try:
+                expires_at = self.backend.renew(key, owner, ttl=self.lease_period, deadline=lease.deadline)
+            except LockBackendError as e:
+                self.logger.warning("The lease of run lock %r could not be renewed: %s", key, e)
+                continue
+            with self._mutex:
+                if (key, owner) not in self._leases:
+                    continue  # released meanwhile
+                if expires_at is None:
+                    del self._leases[(key, owner)]
+                    self.logger.warning(
+                        "The run lock %r lapsed while its message was still running: its lease ran out "
+                        "before this worker renewed it. Another copy may run now.",
+                        key,
+                    )
+                elif lease.deadline is not None and expires_at >= lease.deadline:
+                    del self._leases[(key, owner)]  # lock_ttl ends it; nothing more to renew
+                else:
+                    lease.expires_at = expires_at
+
+    def _retry_releases(self) -> None:
+        with self._mutex:
+            pending = list(self._pending)
+        for key, owner in pending:
+            try:
+                self.backend.release(key, owner)
+            except LockBackendError:
+                with self._mutex:
+                    self._pending[(key, owner)] += 1
+                continue
+            with self._mutex:
+                self._pending.pop((key, owner), None)
+            self.logger.info("The lock %r of %r was released on a later attempt.", key, owner)

@@ -1,0 +1,310 @@
+"""The orphan reaper (SPEC R2-R4).
+
+A lock is an orphan when no live message or worker will ever release it. The
+reaper walks the locks in bounded batches with a resumable cursor (R4) and
+releases:
+
+* run locks whose worker's heartbeat stopped (their lease would free them
+  too, within one lease period: the reaper is the fast path);
+* enqueue locks whose message no longer exists in the broker, for brokers
+  that can be asked (``RedisBroker``, ``StubBroker``). ``until_expired``
+  locks are left alone: they are meant to outlive their message.
+
+It never releases the lock of a message that is queued, delayed, retrying or
+running on a live worker (R3): a message is looked for twice, a moment
+apart, before its lock goes, and a place is only released while it is still
+exactly as read (neither renewed, re-entered nor re-taken since).
+
+Only one reaper runs at a time across the deployment: it holds a leader lock
+``<prefix>:reaper`` while it works.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dramatiq import Broker, Message
+from dramatiq.common import dq_name
+
+from .backends import Holder, LockBackend, LockRecord
+from .liveness import registry_key
+
+#: The default interval between two reaper runs, in milliseconds.
+DEFAULT_REAPER_INTERVAL = 600_000
+#: About how many keys one pass inspects.
+DEFAULT_BATCH = 500
+#: An enqueue lock younger than this (ms) is never reaped: its message may be on its way to the broker.
+DEFAULT_MIN_AGE = 10_000
+#: How long the saved cursor is kept between two runs (ms).
+CURSOR_TTL = 24 * 3600 * 1000
+
+
+@dataclass
+class ReapReport:
+    """What one reaper run did.
+
+    Parameters:
+      passes(int): Bounded batches inspected.
+      inspected(int): Places (holders of locks) inspected.
+      released_dead_workers(int): Run locks released because their worker's heartbeat stopped.
+      released_missing_messages(int): Enqueue locks released because their message no longer exists.
+      forgotten_workers(int): Dead workers removed from the worker registry.
+      complete(bool): Whether the run reached the end of the locks (a full cycle).
+      skipped(bool): Whether another reaper was running, so this one did nothing.
+      seconds(float): How long the run took.
+    """
+
+    passes: int = 0
+    inspected: int = 0
+    released_dead_workers: int = 0
+    released_missing_messages: int = 0
+    forgotten_workers: int = 0
+    complete: bool = False
+    skipped: bool = False
+    seconds: float = 0.0
+
+    @property
+    def released(self) -> int:
+        return self.released_dead_workers + self.released_missing_messages
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "released": self.released}
+
+
+class Reaper:
+    """Finds and releases orphaned locks under one lock prefix.
+
+    Parameters:
+      backend(LockBackend): Where the locks are.
+      prefix(str): The lock prefix.
+      lease_period(int): A worker not heard from for this long (ms) is dead.
+      logger(Logger): Where each released lock is reported.
+      batch(int): About how many keys one pass inspects.
+      min_age(int): Enqueue locks younger than this (ms) are never reaped.
+      confirm_delay(float): Seconds between the two looks for a message.
+    """
+
+    def __init__(
+        self,
+        backend: LockBackend,
+        *,
+        prefix: str,
+        lease_period: int,
+        logger: logging.Logger,
+        batch: int = DEFAULT_BATCH,
+        min_age: int = DEFAULT_MIN_AGE,
+        confirm_delay: float = 0.05,
+    ):
+        self.backend = backend
+        self.prefix = prefix
+        self.lease_period = lease_period
+        self.logger = logger
+        self.batch = batch
+        self.min_age = min_age
+        self.confirm_delay = confirm_delay
+        self.registry_key = registry_key(prefix)
+        self.leader_key = f"{prefix}:reaper"
+        self.schedule_key = f"{prefix}:reaper:schedule"
+        self.cursor_key = f"{prefix}:reaper:cursor"
+
+    def run(self, *, broker: Broker | None = None, max_passes: int | None = None) -> ReapReport:
+        """Inspect the locks, from where the previous run stopped, until the
+        end or ``max_passes`` passes; do nothing if another reaper runs.
+
+        Parameters:
+          broker(Broker): The broker to ask whether a message still exists;
+            ``None`` (or a broker that cannot be asked) leaves enqueue locks alone.
+          max_passes(int): At most this many batches; ``None`` for a full cycle.
+        """
+        started = time.monotonic()
+        report = ReapReport()
+        owner = uuid.uuid4().hex
+        leader_ttl = max(60_000, 2 * self.lease_period)
+        holder = Holder(message_id=owner, actor="dramatiq_unique_reaper", queue="", lock="reaper", state="running")
+        if not self.backend.acquire(self.leader_key, owner, limit=1, ttl=leader_ttl, holder=holder).acquired:
+            self.logger.info("The orphan reaper is already running elsewhere; this run does nothing.")
+            report.skipped = True
+            return report
+        try:
+            locator = locator_for(broker)
+            cursor = self.backend.get_value(self.cursor_key) or "0"
+            while True:
+                cursor = self._pass(cursor, locator, report)
+                self.backend.set_value(self.cursor_key, cursor, ttl=CURSOR_TTL)
+                self.backend.renew(self.leader_key, owner, ttl=leader_ttl)
+                if cursor == "0":
+                    report.complete = True
+                    break
+                if max_passes is not None and report.passes >= max_passes:
+                    break
+            if report.complete:
+                # After a full cycle, workers silent for two lease periods have nothing left to reap.
+                now, _ = self.backend.heartbeats(self.registry_key)
+                report.forgotten_workers = self.backend.forget_workers(
+                    self.registry_key, before=now - 2 * self.lease_period
+                )
+        finally:
+            self.backend.release(self.leader_key, owner)
+        report.seconds = time.monotonic() - started
+        self.logger.info(
+            "The orphan reaper inspected %d lock places in %d passes and released %d: %d of dead workers, "
+            "%d of messages that no longer exist.",
+            report.inspected,
+            report.passes,
+            report.released,
+            report.released_dead_workers,
+            report.released_missing_messages,
+        )
+        return report
+
+    def _pass(self, cursor: str, locator: _Locator | None, report: ReapReport) -> str:
+        now, heartbeats = self.backend.heartbeats(self.registry_key)
+        stale = now - self.lease_period
+        cursor, records = self.backend.scan(self.prefix, cursor, self.batch)
+        report.passes += 1
+        report.inspected += len(records)
+        queued = []
+        for record in records:
+            if record.expires_at is not None and record.expires_at <= now:
+                continue  # lapsed: the next operation on the lock drops it
+            state = record.holder.get("state")
+            if state == "running":
+                worker = record.holder.get("worker_id")
+                seen = heartbeats.get(worker)
+                # A worker missing from the registry (removed long after it died, or of a version
+                # without heartbeats) is only taken for dead once its lock is a lease period old.
+                if (seen if seen is not None else record.acquired_at) <= stale:
+                    self._release(record, report, f"its worker {worker!r} stopped sending heartbeats")
+            elif (
+                state == "queued"
+                and locator is not None
+                and record.holder.get("lock") != "until_expired"
+                and record.acquired_at <= now - self.min_age
+            ):
+                queued.append(record)
+        if queued:
+            suspects = [r for r, gone in zip(queued, locator.missing(queued), strict=True) if gone]
+            if suspects:
+                # A message moving between queues (a retry, a due delayed message) is
+                # enqueued again before its old copy goes: look again a moment later.
+                time.sleep(self.confirm_delay)
+                for record, gone in zip(suspects, locator.missing(suspects), strict=True):
+                    if gone:
+                        self._release(record, report, "its message no longer exists in the broker")
+        return cursor
+
+    def _release(self, record: LockRecord, report: ReapReport, reason: str) -> None:
+        if not self.backend.release_record(record.key, record.owner, record.record):
+            return  # renewed, re-entered or released since it was read
+        if record.holder.get("state") == "running":
+            report.released_dead_workers += 1
+        else:
+            report.released_missing_messages += 1
+        self.logger.warning(
+            "The orphan reaper released lock %r of message %r of actor %r (%s): %s.",
+            record.key,
+            record.holder.get("message_id"),
+            record.holder.get("actor"),
+            record.holder.get("lock"),
+            reason,
+        )
+
+
+# Asking brokers whether a message still exists -----------------------------------
+
+
+class _Locator:
+    def missing(self, records: list[LockRecord]) -> list[bool]:
+        """For each enqueue lock, whether its message is certainly gone from the broker."""
+        raise NotImplementedError
+
+
+class _RedisLocator(_Locator):
+    """RedisBroker keeps every message, until it is acked, in ``<ns>:<queue>.msgs``
+    (delayed ones and retries in ``<ns>:<queue>.DQ.msgs``), fetched or not."""
+
+    def __init__(self, broker: Any):
+        self.client = broker.client
+        self.namespace = broker.namespace
+
+    def missing(self, records: list[LockRecord]) -> list[bool]:
+        pipe = self.client.pipeline(transaction=False)
+        asked = []
+        for record in records:
+            rid, queue = record.holder.get("redis_message_id"), record.holder.get("queue")
+            if rid and queue:
+                pipe.hexists(f"{self.namespace}:{queue}.msgs", rid)
+                pipe.hexists(f"{self.namespace}:{dq_name(queue)}.msgs", rid)
+            asked.append(bool(rid and queue))
+        answers = iter(pipe.execute())
+        # A lock recorded without the message's Redis id is never taken for an orphan.
+        return [ask and not any([next(answers), next(answers)]) for ask in asked]
+
+
+class _StubLocator(_Locator):
+    """StubBroker's queues hold the messages not yet fetched; a queue with a
+    message in a worker's hands cannot be asked, so its locks are left alone."""
+
+    def __init__(self, broker: Any):
+        self.broker = broker
+
+    def missing(self, records: list[LockRecord]) -> list[bool]:
+        known: dict[str, set[str] | None] = {}
+        answers = []
+        for record in records:
+            queue = record.holder.get("queue")
+            if queue not in known:
+                known[queue] = self._message_ids(queue)
+            ids = known[queue]
+            answers.append(ids is not None and record.holder.get("message_id") not in ids)
+        return answers
+
+    def _message_ids(self, queue: str) -> set[str] | None:
+        ids: set[str] = set()
+        for name in (queue, dq_name(queue)):
+            q = self.broker.queues.get(name)
+            if q is None:
+                continue
+            with q.mutex:
+                if q.unfinished_tasks > len(q.queue):
+                    return None
+                payloads = list(q.queue)
+            ids.update(Message.decode(p).message_id for p in payloads)
+        return ids
+
+
+def locator_for(broker: Broker | None) -> _Locator | None:
+    """How to ask ``broker`` whether a message exists, or ``None`` when it cannot be asked."""
+    from dramatiq.brokers.redis import RedisBroker
+    from dramatiq.brokers.stub import StubBroker
+
+    if isinstance(broker, RedisBroker):
+        return _RedisLocator(broker)
+    if isinstance(broker, StubBroker):
+        return _StubLocator(broker)
+    return None
+
+
+def reap_orphans(
+    backend: LockBackend,
+    *,
+    broker: Broker | None = None,
+    prefix: str = "dramatiq-unique",
+    lease_period: int = 30_000,
+    max_passes: int | None = None,
+    batch: int = DEFAULT_BATCH,
+    logger: logging.Logger | None = None,
+) -> ReapReport:
+    """Run the orphan reaper once, without an actor (e.g. from a script or a CLI)."""
+    reaper = Reaper(
+        backend,
+        prefix=prefix,
+        lease_period=lease_period,
+        batch=batch,
+        logger=logger or logging.getLogger("dramatiq_unique.reaper"),
+    )
+    return reaper.run(broker=broker, max_passes=max_passes)

@@ -1,0 +1,171 @@
+"""Redis outages (SPEC S6, S1): the lock backend's redis-server is stopped and started again
+around a send, a start and a release, with both on_backend_error policies.
+
+The broker is a StubBroker, so only the lock backend loses Redis. The server is our own
+redis-server process, which saves its data on SHUTDOWN and loads it on start: locks held
+before the outage are still there after it, and the server has forgotten its scripts, so
+the first call after the restart meets NOSCRIPT.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+import redis
+from dramatiq.brokers.stub import StubBroker
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from dramatiq_unique import LockBackendError, RedisBackend, UniqueJobs, enqueue_outcome
+
+from .conftest import redis_server_executable
+from .support import Env, Gate, unique_warnings, wait_for
+
+
+class RedisProcess:
+    """A redis-server we can stop and start again on the same port, keeping its data."""
+
+    def __init__(self, directory):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.directory = directory
+        self.proc: subprocess.Popen | None = None
+
+    def client(self) -> redis.Redis:
+        # No client-side retries: an outage must show at once, not after seconds of backoff.
+        return redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                redis_server_executable(),
+                *("--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory)),
+                *("--save", "", "--appendonly", "no", "--dbfilename", "dump.rdb"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        probe = self.client()
+        wait_for(lambda: _answers(probe), timeout=10)
+
+    def stop(self) -> None:
+        try:
+            self.client().shutdown(save=True)
+        except redis.ConnectionError:
+            pass  # the server closes the connection as it goes
+        self.proc.wait(timeout=10)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return client.ping()
+    except redis.ConnectionError:
+        return False
+
+
+@pytest.fixture
+def server(tmp_path):
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs a redis-server binary that saves on SHUTDOWN")
+    process = RedisProcess(tmp_path)
+    process.start()
+    yield process
+    process.kill()
+
+
+@pytest.fixture(params=["raise", "allow"])
+def outage_env(request, server):
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=server.client())
+    middleware = UniqueJobs(backend=backend, on_backend_error=request.param, lease_period=3000, heartbeat_interval=100)
+    env = Env("stub", broker, backend, middleware)
+    env.policy = request.param
+    yield from env.run()
+
+
+def test_redis_down_at_send(outage_env, server, caplog):
+    env = outage_env
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    server.stop()
+    if env.policy == "raise":
+        # Fail closed: send() raises and nothing is enqueued.
+        with pytest.raises(LockBackendError):
+            settle.send("evt_1")
+        assert env.waiting(settle) == 0
+    else:
+        # Fail open: enqueued without a lock, with a WARNING.
+        with caplog.at_level(logging.WARNING):
+            message = settle.send("evt_1")
+        assert enqueue_outcome(message).enqueued and enqueue_outcome(message).token is None
+        assert env.waiting(settle) == 1
+        assert any("without its lock" in line for line in unique_warnings(caplog))
+
+
+def test_redis_down_when_a_message_starts(outage_env, server, caplog):
+    env = outage_env
+    runs = []
+
+    @env.actor(lock="while_executing", max_retries=1000)
+    def sync(key):
+        runs.append(time.monotonic())
+
+    server.stop()
+    sync.send("acct_1")  # while_executing takes nothing at send()
+    with caplog.at_level(logging.WARNING):
+        env.worker(threads=1)
+        time.sleep(0.5)
+        if env.policy == "raise":
+            # Fail closed: the message fails and is retried until Redis is back.
+            assert runs == []
+            server.start()
+        env.join(sync)
+    assert len(runs) == 1
+    if env.policy == "allow":
+        assert any("is run without its lock" in line for line in unique_warnings(caplog))
+        server.start()
+
+
+def test_a_release_that_fails_during_an_outage_is_retried_after_the_restart(outage_env, server, caplog):
+    # S6: "a release that failed is retried, never forgotten". An until_executed lock has no
+    # TTL: only the retried release can free it. The restart also flushed the server's
+    # scripts: the first call after it meets NOSCRIPT and loads them again (S1).
+    env = outage_env
+    gate = Gate()
+    client = server.client()
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        gate.enter(event_id)
+
+    digest = enqueue_outcome(settle.send("evt_1")).digest
+    env.worker(threads=1)
+    wait_for(lambda: gate.runs == ["evt_1"])
+    server.stop()  # the lock is saved with the data
+    with caplog.at_level(logging.WARNING):
+        gate.open()
+        env.join(settle)
+    assert any("could not be released" in line for line in unique_warnings(caplog))
+
+    server.start()
+    assert client.exists(f"dramatiq-unique:{{{digest}}}")  # still held after the restart
+    assert client.script_exists(env.backend._release.sha) == [False]
+    wait_for(lambda: not client.exists(f"dramatiq-unique:{{{digest}}}"), timeout=5)
+    assert enqueue_outcome(settle.send("evt_1")).enqueued
+    env.join(settle)
+    assert gate.runs == ["evt_1", "evt_1"]

@@ -1,0 +1,267 @@
+"""The orphan reaper (SPEC R2, R3, R4): it releases exactly the orphans, never the lock of a
+message that is queued, delayed, retrying or running on a live worker, in bounded passes,
+and only one reaper works at a time."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+import pytest
+from dramatiq.brokers.redis import RedisBroker
+
+from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique.backends import Holder
+from dramatiq_unique.liveness import registry_key
+from dramatiq_unique.reaper import Reaper
+
+from .support import Env, Gate, wait_for
+
+PREFIX = "dramatiq-unique"
+LOGGER = logging.getLogger("test.reaper")
+
+
+def scan_all(backend) -> set[tuple[str, str]]:
+    """Every (key, owner) place held under the prefix."""
+    cursor, places = "0", set()
+    while True:
+        cursor, records = backend.scan(PREFIX, cursor, 1000)
+        places.update((r.key, r.owner) for r in records)
+        if cursor == "0":
+            return places
+
+
+def plant_orphans(backend, client, count: int, *, dead_worker: str = "dead-host:1:0000") -> set[tuple[str, str]]:
+    """Half run locks of a worker whose heartbeat stopped ten minutes ago (with a long lease, as
+    a killed worker leaves them), half enqueue locks whose RedisBroker message does not exist."""
+    now = backend.heartbeats(registry_key(PREFIX))[0]
+    client.zadd(registry_key(PREFIX), {dead_worker: now - 600_000})
+    planted = set()
+    for i in range(count):
+        digest, owner = uuid.uuid4().hex, uuid.uuid4().hex
+        if i % 2:
+            key = f"{PREFIX}:{{{digest}}}:run"
+            holder = Holder(f"gone-{i}", "sync", "default", "while_executing", "running", worker_id=dead_worker)
+            ttl = 600_000
+        else:
+            key, owner = f"{PREFIX}:{{{digest}}}", f"gone-{i}"
+            holder = Holder(owner, "settle", "default", "until_executed", "queued", redis_message_id=str(uuid.uuid4()))
+            ttl = None
+        assert backend.acquire(key, owner, limit=1, ttl=ttl, holder=holder).acquired
+        planted.add((key, owner))
+    return planted
+
+
+@pytest.fixture
+def reaper_env(redis_client):
+    broker = RedisBroker(client=redis_client)
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=redis_client)
+    env = Env("redis", broker, backend, UniqueJobs(backend=backend))
+    yield from env.run()
+
+
+@pytest.mark.slow
+def test_one_cycle_releases_exactly_the_orphans_among_thousands_of_live_locks(reaper_env):
+    # R3 + R4: 5,000 live locks in every state a message can be in, and 20 planted orphans.
+    env, client, backend = reaper_env, reaper_env.broker.client, reaper_env.backend
+    gate, failed = Gate(), []
+
+    @env.actor(lock="until_executed", queue_name="retrying", min_backoff=60_000, max_backoff=60_000)
+    def flaky(n):
+        if n not in failed:
+            failed.append(n)
+            raise RuntimeError("provider timeout")
+
+    @env.actor(lock="while_executing", queue_name="running")
+    def sync(n):
+        gate.enter(("sync", n))
+
+    @env.actor(lock="until_executed", queue_name="running")
+    def hold(n):
+        gate.enter(("hold", n))
+
+    @env.actor(lock="until_and_while_executing", queue_name="running")
+    def swap(n):
+        gate.enter(("swap", n))
+
+    @env.actor(lock="until_executed")
+    def settle(n):
+        pass
+
+    @env.actor(lock="until_executing")
+    def notify(n):
+        pass
+
+    @env.actor(lock="until_expired", lock_ttl=600_000)
+    def report(n):
+        pass
+
+    @env.actor(lock="until_and_while_executing")
+    def sync_queued(n):
+        pass
+
+    # Retrying: failed once, waiting out a one-minute backoff in the delay queue.
+    env.worker(threads=8)
+    for n in range(20):
+        flaky.send(n)
+    wait_for(lambda: len(failed) == 20 and env.broker.client.hlen("dramatiq:retrying.DQ.msgs") == 20)
+    # Running on a live worker: 8 messages hold the worker's 8 threads (run locks, enqueue locks,
+    # and a queued copy next to a running until_and_while_executing message).
+    for n in range(3):
+        sync.send(n), hold.send(n)
+    swap.send(0), swap.send(1)
+    wait_for(lambda: len(gate.runs) == 8)
+    swap.send(0)
+    # Queued and delayed (nothing consumes "default" while all threads are busy; prefetched
+    # messages stay in the broker until acked).
+    for n in range(1830):
+        settle.send(n)
+    for n in range(1000):
+        settle.send_with_options(args=(f"delayed-{n}",), delay=600_000)
+    for n in range(1000):
+        notify.send(n)
+    for n in range(700):
+        sync_queued.send(n)
+    for n in range(450):
+        report.send(n)
+    live = scan_all(backend)
+    assert len(live) >= 5000
+    orphans = plant_orphans(backend, client, 20)
+
+    reaper = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, batch=500, min_age=0)
+    started = time.monotonic()
+    report_ = reaper.run(broker=env.broker)
+    elapsed = time.monotonic() - started
+    print(
+        f"\nR3: one reaper cycle over {report_.inspected} places in {report_.passes} passes took {elapsed:.2f} s "
+        f"and released {report_.released} ({report_.released_dead_workers} of a dead worker, "
+        f"{report_.released_missing_messages} of missing messages)"
+    )
+    assert report_.complete and not report_.skipped
+    assert report_.passes > 1  # bounded batches, not one sweep
+    assert (report_.released_dead_workers, report_.released_missing_messages) == (10, 10)
+    assert scan_all(backend) == live  # every live lock is still held, every orphan gone
+    assert not orphans & scan_all(backend)
+
+    # And the live ones still work: the running messages finish and free their locks.
+    env.broker.flush(settle.queue_name)  # (the thousands of queued no-ops need not run)
+    gate.open()
+    wait_for(lambda: client.hlen("dramatiq:running.msgs") == 0, timeout=20)
+
+
+def test_two_reapers_started_at_once_only_one_works(redis_client, caplog):
+    # R2: one reaper at a time across the deployment.
+    backend = RedisBackend(client=redis_client)
+    orphans = plant_orphans(backend, redis_client, 200)
+    broker = RedisBroker(client=redis_client)
+    start = threading.Barrier(2)
+    reports = []
+
+    def run():
+        reaper = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, batch=40, min_age=0)
+        start.wait()
+        reports.append(reaper.run(broker=broker))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    with caplog.at_level(logging.INFO):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    worked = [r for r in reports if not r.skipped]
+    assert len(worked) == 1 and len(reports) == 2
+    assert worked[0].released == 200
+    assert not orphans & scan_all(backend)
+    assert sum("released lock" in r.getMessage() for r in caplog.records) == 200  # a line per lock
+    assert "already running" in caplog.text
+
+
+def test_a_stopped_reaper_resumes_where_it_stopped(redis_client):
+    # R4: max_passes bounds a run; the cursor is saved and the next run goes on from it.
+    backend = RedisBackend(client=redis_client)
+    plant_orphans(backend, redis_client, 100)
+    reaper = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, batch=20, min_age=0)
+    first = reaper.run(max_passes=1)
+    assert first.passes == 1 and not first.complete
+    rest = reaper.run()
+    assert rest.complete
+    assert first.released + rest.released == 50  # no broker given: only the dead worker's run locks
+    assert first.inspected + rest.inspected >= 100
+
+
+def test_enqueue_locks_on_a_stub_broker(env):
+    # R2 on both brokers the reaper can ask: the lock of a message that was lost is released;
+    # a queued message's lock is not. (StubBroker: not while a message is in a worker's hands.)
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    kept = settle.send("evt_1")
+    lost = settle.send("evt_2")
+    # The broker loses evt_2 (a purge); its lock is left behind.
+    if env.kind == "stub":
+        queue = env.broker.queues[settle.queue_name]
+        with queue.mutex:
+            queue.queue.remove(next(p for p in queue.queue if lost.message_id.encode() in p))
+            queue.unfinished_tasks -= 1
+    else:
+        env.broker.client.hdel(f"dramatiq:{settle.queue_name}.msgs", lost.options["redis_message_id"])
+    reaper = Reaper(env.backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, min_age=0)
+    report = reaper.run(broker=env.broker)
+    assert (report.released_missing_messages, report.inspected) == (1, 2)
+    assert env.is_free(enqueue_outcome(lost).digest)
+    assert not env.is_free(enqueue_outcome(kept).digest)
+
+
+@pytest.fixture
+def triggering_env(redis_client):
+    broker = RedisBroker(client=redis_client)
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=redis_client)
+    middleware = UniqueJobs(backend=backend, reaper=True, reaper_interval=400, lease_period=600, heartbeat_interval=100)
+    env = Env("redis", broker, backend, middleware)
+    yield from env.run()
+
+
+def test_workers_trigger_the_reaper_actor_once_per_interval(triggering_env):
+    # R2: UniqueJobs(reaper=True): the workers send the reaper actor every reaper_interval,
+    # one run per interval; it frees an enqueue lock whose message is gone.
+    env, client = triggering_env, triggering_env.broker.client
+    now = env.backend.heartbeats(registry_key(PREFIX))[0]
+    # An enqueue lock, a minute old (past the reaper's grace), whose message is gone.
+    holder = Holder("lost", "settle", "default", "until_executed", "queued", redis_message_id="nowhere")
+    client.hset(f"{PREFIX}:{{lost}}", mapping={"fence": 1, "lost": f"|1|{now - 60_000}|{holder.to_json()}"})
+    runs = []
+    reaper = env.middleware.declare_reaper(env.broker)
+    original = reaper.fn
+
+    def counted(*args, **kwargs):
+        runs.append(original(*args, **kwargs))
+        return runs[-1]
+
+    reaper.fn = counted
+    started = time.monotonic()
+    env.worker(threads=2)
+    env.worker(threads=2)  # two Workers in one process share one heartbeat thread
+    wait_for(lambda: not client.exists(f"{PREFIX}:{{lost}}"), timeout=5)
+    time.sleep(1.0)
+    elapsed = time.monotonic() - started
+    assert 1 <= len(runs) <= elapsed / 0.4 + 1
+    assert sum(run["released_missing_messages"] for run in runs) == 1
+
+
+def test_run_locks_of_an_unregistered_worker_wait_a_lease_period(redis_client):
+    # R3: a worker missing from the registry (removed after it died, or of a version without
+    # heartbeats) may still be running: its run lock is only reaped once a lease period old.
+    backend = RedisBackend(client=redis_client)
+    now = backend.heartbeats(registry_key(PREFIX))[0]
+    for name, acquired_at in (("young", now - 1_000), ("old", now - 31_000)):
+        holder = Holder(name, "sync", "default", "while_executing", "running", worker_id="old-host:7")
+        record = f"{now + 600_000}|1|{acquired_at}|{holder.to_json()}"
+        redis_client.hset(f"{PREFIX}:{{{name}}}:run", mapping={"fence": 1, "t": record})
+    report = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER).run()
+    assert report.released_dead_workers == 1
+    assert scan_all(backend) == {(f"{PREFIX}:{{young}}:run", "t")}
