@@ -23,6 +23,10 @@ from .outcome import ENQUEUED, OUTCOME_OPTION, REJECTED, RESCHEDULED, enqueue_ou
 from .reaper import DEFAULT_REAPER_INTERVAL, Reaper
 from .strategies import CLIENT, SERVER, Conflict
 from .strategies.reject import dead_letter_if_rejected
+from .strategies.reschedule import Reschedule
+
+#: What becomes of a message whose run lock is held by its own earlier attempt.
+_REDELIVERY_STRATEGY = Reschedule()
 
 
 class UniqueJobs(CrashSafety, Middleware):
@@ -302,7 +306,13 @@ class UniqueJobs(CrashSafety, Middleware):
             raise SkipMessage("A newer message replaced this one.")
         if acquisition is not None and not acquisition.acquired:
             conflict = Conflict(broker, message, lock, acquisition.holders, SERVER, self.logger)
-            config.server_strategy.on_server_conflict(conflict)
+            strategy = config.server_strategy
+            if set(acquisition.holders) == {message.message_id}:
+                # A redelivery met the run lock of its own earlier attempt, whose worker died or
+                # which the broker gave up on: it is no duplicate to drop, so it tries again
+                # once that attempt has finished or its lease has run out (SPEC L7, R1).
+                strategy = _REDELIVERY_STRATEGY
+            strategy.on_server_conflict(conflict)
         _set_current_lock(lock.held())
 
     def after_process_message(

@@ -346,11 +346,13 @@ def test_a_copy_of_a_sent_message_is_a_new_message(env):
 
 
 @pytest.mark.parametrize("lock", ["while_executing", "until_and_while_executing"])
-def test_a_redelivery_of_a_running_message_is_a_conflict(env, lock):
-    # L7: run locks are not re-entrant by message_id; each processing attempt has its own owner.
+def test_a_redelivery_of_a_running_message_waits_for_its_earlier_attempt(env, lock):
+    # L7: run locks are not re-entrant by message_id (each processing attempt has its own owner),
+    # so a redelivery never runs beside its earlier attempt; and being no duplicate, it is not
+    # dropped (that attempt's worker may have died): it tries again once the lock is free.
     gate = Gate()
 
-    @env.actor(lock=lock)
+    @env.actor(lock=lock, reschedule_delay=50)
     def job(key):
         gate.enter(key)
 
@@ -358,9 +360,10 @@ def test_a_redelivery_of_a_running_message_is_a_conflict(env, lock):
     env.worker(threads=4)
     wait_for(lambda: gate.count("k") == 1)
     env.broker.enqueue(message)  # the broker hands the same message out again while it runs
-    wait_for(lambda: len(env.seen.skipped) == 1)
+    wait_for(lambda: len(env.seen.skipped) >= 1)
+    assert gate.count("k") == 1
     gate.open()
+    wait_for(lambda: gate.count("k") == 2)
     env.join(job)
-    assert gate.runs == ["k"]
     assert gate.max_running["k"] == 1
-    assert env.seen.skipped[0].message_id == message.message_id
+    assert {m.message_id for m in env.seen.skipped} == {message.message_id}
