@@ -106,6 +106,14 @@ class Env:
             if self.seen.events == before:
                 return
 
+    def wait_for_retry(self, message) -> None:
+        """Wait until Retries has enqueued ``message`` again, with its backoff."""
+        wait_for(lambda: any(mid == message.message_id and delay for mid, delay in self.seen.enqueues))
+
+    def wait_for_skips(self, count: int) -> None:
+        """Wait until workers have skipped ``count`` messages (dropped or rescheduled duplicates)."""
+        wait_for(lambda: len(self.seen.skipped) >= count)
+
     def waiting(self, actor) -> int:
         """How many messages wait in the actor's queue, not yet fetched by a worker."""
         if self.kind == "stub":

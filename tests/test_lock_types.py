@@ -48,8 +48,7 @@ def test_until_executing_retry_retakes_the_lock(env):
 
     message = flaky.send(1)
     env.worker()
-    wait_for(lambda: len(attempts) == 1)
-    time.sleep(0.1)  # the retry is now waiting out its backoff
+    env.wait_for_retry(message)  # the retry now waits out its backoff
     assert not enqueue_outcome(flaky.send(1)).enqueued
     env.join(flaky)
     assert attempts == [1, 1]
@@ -158,7 +157,7 @@ def test_while_executing_drops_a_copy_that_arrives_while_one_runs(env):
     sync.send(43)
     env.worker(threads=4)
     wait_for(lambda: gate.count(42) == 1 and gate.count(43) == 1)
-    time.sleep(0.2)  # the second copy for 42 has reached a worker thread and been dropped
+    env.wait_for_skips(1)  # the second copy for 42 has reached a worker thread and been dropped
     gate.open()
     env.join(sync)
 
@@ -206,7 +205,7 @@ def test_until_and_while_executing_allows_one_queued_and_one_running(env):
     queued = rebuild.send("users")
     assert enqueue_outcome(queued).enqueued
     assert not enqueue_outcome(rebuild.send("users")).enqueued
-    time.sleep(0.2)  # the queued copy reached a worker thread and met the run lock
+    env.wait_for_skips(1)  # the queued copy reached a worker thread and met the run lock
     gate.open()
     env.join(rebuild)
 
@@ -226,8 +225,7 @@ def test_until_and_while_executing_retry_retakes_the_enqueue_lock(env):
 
     message = rebuild.send("users")
     env.worker()
-    wait_for(lambda: len(attempts) == 1)
-    time.sleep(0.1)
+    env.wait_for_retry(message)
     digest = enqueue_outcome(message).digest
     assert not enqueue_outcome(rebuild.send("users")).enqueued
     assert env.is_free(digest, run=True)
@@ -261,7 +259,7 @@ def test_while_executing_lock_limit_bounds_concurrency(env):
         job.send("k")
     env.worker(threads=4)
     wait_for(lambda: gate.count("k") == 2)
-    time.sleep(0.2)
+    env.wait_for_skips(1)  # the third copy met the full run lock
     gate.open()
     env.join(job)
     assert gate.runs == ["k", "k"]

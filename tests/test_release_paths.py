@@ -149,8 +149,8 @@ def test_a_retry_extends_the_lock_over_its_backoff(env):
 
     message = settle.send("evt_1")
     env.worker()
-    wait_for(lambda: len(attempts) == 1)
-    time.sleep(0.3)  # past lock_ttl, inside the backoff
+    env.wait_for_retry(message)
+    time.sleep(0.2)  # past lock_ttl since the retry was enqueued, well inside its backoff
     assert not enqueue_outcome(settle.send("evt_1")).enqueued
     env.join(settle)
     assert attempts == ["evt_1", "evt_1"]
