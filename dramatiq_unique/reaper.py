@@ -21,6 +21,7 @@ Only one reaper runs at a time across the deployment: it holds a leader lock
 
 from __future__ import annotations
 
+import abc
 import logging
 import time
 import uuid
@@ -217,10 +218,10 @@ class Reaper:
 # Asking brokers whether a message still exists -----------------------------------
 
 
-class _Locator:
+class _Locator(abc.ABC):
+    @abc.abstractmethod
     def missing(self, records: list[LockRecord]) -> list[bool]:
         """For each enqueue lock, whether its message is certainly gone from the broker."""
-        raise NotImplementedError
 
 
 class _RedisLocator(_Locator):
