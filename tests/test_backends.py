@@ -101,19 +101,24 @@ def test_tokens_increase_within_one_microsecond_burst(backend):
     assert tokens == sorted(tokens) and len(set(tokens)) == 50
 
 
+def swap(backend, owner, run_owner):
+    """until_and_while_executing at start: ``owner``'s enqueue place for a place in the run lock."""
+    return backend.swap(
+        release_key=KEY,
+        release_owner=owner,
+        replaced_key=REPLACED_KEY,
+        acquire_key=RUN_KEY,
+        owner=run_owner,
+        limit=1,
+        ttl=None,
+        holder=holder(owner, "running"),
+    )
+
+
 def test_swap_takes_the_run_lock_and_gives_up_the_enqueue_lock(backend):
     # L5 in one atomic step.
     acquire(backend, "m1")
-    swapped = backend.swap(
-        release_key=KEY,
-        release_owner="m1",
-        replaced_key=REPLACED_KEY,
-        acquire_key=RUN_KEY,
-        owner="t1",
-        limit=1,
-        ttl=None,
-        holder=holder("m1", "running"),
-    )
+    swapped = swap(backend, "m1", "t1")
     assert swapped.acquired
     assert acquire(backend, "m2").acquired  # the enqueue lock is free
     assert not acquire(backend, "x", key=RUN_KEY).acquired  # the run lock is held
@@ -122,16 +127,7 @@ def test_swap_takes_the_run_lock_and_gives_up_the_enqueue_lock(backend):
 def test_swap_that_conflicts_keeps_the_enqueue_lock(backend):
     acquire(backend, "t0", key=RUN_KEY)
     acquire(backend, "m1")
-    swapped = backend.swap(
-        release_key=KEY,
-        release_owner="m1",
-        replaced_key=REPLACED_KEY,
-        acquire_key=RUN_KEY,
-        owner="t1",
-        limit=1,
-        ttl=None,
-        holder=holder("m1", "running"),
-    )
+    swapped = swap(backend, "m1", "t1")
     assert not swapped.acquired
     assert swapped.holders == ("t0",)
     assert not acquire(backend, "m2").acquired  # m1 still holds the enqueue lock
@@ -173,16 +169,7 @@ def test_claim_can_release_at_start(backend):
 def test_swap_of_a_replaced_holder_takes_nothing(backend):
     acquire(backend, "m1")
     assert replace(backend, "m2").replaced == "m1"
-    swapped = backend.swap(
-        release_key=KEY,
-        release_owner="m1",
-        replaced_key=REPLACED_KEY,
-        acquire_key=RUN_KEY,
-        owner="t1",
-        limit=1,
-        ttl=None,
-        holder=holder("m1", "running"),
-    )
+    swapped = swap(backend, "m1", "t1")
     assert swapped.superseded and not swapped.acquired
     assert acquire(backend, "x", key=RUN_KEY).acquired
 
@@ -225,16 +212,7 @@ def test_redis_one_script_call_per_transition(redis_client):
 
     def lifecycle(owner):
         acquire(backend, owner)
-        backend.swap(
-            release_key=KEY,
-            release_owner=owner,
-            replaced_key=REPLACED_KEY,
-            acquire_key=RUN_KEY,
-            owner=f"run-{owner}",
-            limit=1,
-            ttl=None,
-            holder=holder(owner, "running"),
-        )
+        swap(backend, owner, f"run-{owner}")
         backend.release(RUN_KEY, f"run-{owner}")
 
     lifecycle("warm")  # loads the scripts
