@@ -15,7 +15,7 @@ test: $(VENV)/.test
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff format --check dramatiq_unique tests examples benchmarks
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
