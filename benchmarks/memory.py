@@ -1,0 +1,64 @@
+"""Redis memory per held lock (SPEC P4): 100,000 until_executed enqueue locks, taken through the
+real acquire script, measured with MEMORY USAGE and with the server's used_memory.
+Run: python benchmarks/memory.py  (uses REDIS_URL, else a bundled server)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import uuid
+
+import redis
+
+from dramatiq_unique import RedisBackend
+from dramatiq_unique.backends import Holder
+from dramatiq_unique.keys import enqueue_key
+
+try:
+    from ._server import redis_url
+except ImportError:
+    from _server import redis_url
+
+LOCKS = 100_000
+BATCH = 1_000
+SAMPLE = 1_000
+
+
+def main() -> None:
+    with redis_url() as url:
+        client = redis.Redis.from_url(url)
+        client.flushdb()
+        backend = RedisBackend(client=client)
+        before = client.info("memory")["used_memory"]
+        keys = []
+        for start in range(0, LOCKS, BATCH):
+            pipe = client.pipeline(transaction=False)
+            for i in range(start, start + BATCH):
+                digest = hashlib.sha256(str(i).encode()).hexdigest()
+                message_id = str(uuid.uuid4())
+                holder = Holder(
+                    message_id=message_id,
+                    actor="settle_payment",
+                    queue="payments",
+                    lock="until_executed",
+                    state="queued",
+                    redis_message_id=str(uuid.uuid4()),
+                )
+                key = enqueue_key("dramatiq-unique", digest)
+                # The backend's own acquire script, pipelined: 100,000 round trips would take minutes.
+                backend._acquire(keys=[key], args=[message_id, 1, 0, 0, holder.to_json()], client=pipe)
+                keys.append(key)
+            pipe.execute()
+        after = client.info("memory")["used_memory"]
+        sample = random.sample(keys, SAMPLE)
+        usage = sum(client.memory_usage(key, samples=0) for key in sample) / SAMPLE
+        print(f"{LOCKS} held until_executed locks (RedisBroker message ids recorded):")
+        print(f"  MEMORY USAGE per lock key: {usage:.0f} bytes (target <= 300)")
+        print(f"  used_memory growth per lock: {(after - before) / LOCKS:.0f} bytes")
+        print(f"  one record: {client.hgetall(keys[0])}")
+        client.flushdb()
+
+
+if __name__ == "__main__":
+    main()
