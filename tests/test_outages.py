@@ -10,7 +10,6 @@ the first call after the restart meets NOSCRIPT.
 from __future__ import annotations
 
 import logging
-import shutil
 import socket
 import subprocess
 import time
@@ -76,8 +75,6 @@ def _answers(client: redis.Redis) -> bool:
 
 @pytest.fixture
 def server(tmp_path):
-    if shutil.which("redis-server") is None:
-        pytest.skip("needs a redis-server binary that saves on SHUTDOWN")
     process = RedisProcess(tmp_path)
     process.start()
     yield process
