@@ -42,6 +42,7 @@ class MessageLock:
       config(LockConfig): The message's lock options.
       message(Message): The message.
       digest(str): The message's digest.
+      outcome(EnqueueOutcome): What the message recorded when it was enqueued.
       logger(Logger): Where to report a lapsed lock.
       liveness(Liveness): This process's heartbeat thread: it renews the
         run lock's lease and retries failed releases (SPEC R1, S6). Without
@@ -55,6 +56,7 @@ class MessageLock:
         config: LockConfig,
         message: Message[Any],
         digest: str,
+        outcome: EnqueueOutcome,
         logger: logging.Logger,
         liveness: Liveness | None = None,
     ):
@@ -64,7 +66,6 @@ class MessageLock:
         self.message = message
         self.digest = digest
         self.logger = logger
-        outcome = enqueue_outcome(message)
         #: Whether the message holds its enqueue lock, as far as this process knows.
         self.holds_enqueue = (
             config.lock.locks_at_enqueue
@@ -106,7 +107,15 @@ class MessageLock:
             unique_across_actors=config.unique_across_actors,
             unique_across_queues=config.unique_across_queues,
         )
-        return cls(backend=backend, config=config, message=message, digest=digest, logger=logger, liveness=liveness)
+        return cls(
+            backend=backend,
+            config=config,
+            message=message,
+            digest=digest,
+            outcome=outcome,
+            logger=logger,
+            liveness=liveness,
+        )
 
     @property
     def enqueue_key(self) -> str:

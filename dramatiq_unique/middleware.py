@@ -19,7 +19,7 @@ from .errors import EnqueueCancelled, InvalidLockOptions, LockBackendError
 from .liveness import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_PERIOD, Liveness
 from .lock import MessageLock
 from .options import DEFAULT_LOCK_PREFIX, DEFAULT_RESCHEDULE_DELAY, DEFAULTS, MESSAGE_OPTIONS, LockConfig, resolve
-from .outcome import ENQUEUED, OUTCOME_OPTION, REJECTED, RESCHEDULED, enqueue_outcome
+from .outcome import REJECTED, RESCHEDULED, EnqueueOutcome, enqueue_outcome
 from .reaper import DEFAULT_REAPER_INTERVAL, Reaper
 from .strategies import CLIENT, SERVER, Conflict
 from .strategies.reject import dead_letter_if_rejected
@@ -205,9 +205,10 @@ class UniqueJobs(CrashSafety, Middleware):
         config = self._config_for(message)
         if config is None:
             return
-        if self._passes_unlocked(message, delay):
+        outcome = enqueue_outcome(message)
+        if self._passes_unlocked(outcome, delay):
             return
-        if self._is_reenqueue(message):
+        if self._is_reenqueue(message, outcome):
             if config.lock.locks_at_enqueue:
                 self._reenter(message, config, delay)
             return
@@ -238,21 +239,19 @@ class UniqueJobs(CrashSafety, Middleware):
         if processing is not None and processing.message.message_id == message.message_id:
             processing.requeued = True
 
-    def _is_reenqueue(self, message: Message[Any]) -> bool:
+    def _is_reenqueue(self, message: Message[Any], outcome: EnqueueOutcome) -> bool:
         """Whether this is Dramatiq enqueuing a message again (a retry, a
         delay-queue move, a publish retry) rather than a new send (SPEC L6)."""
-        recorded = message.options.get(OUTCOME_OPTION)
-        if recorded and recorded["status"] == ENQUEUED and recorded.get("holder") == message.message_id:
+        if outcome.enqueued and outcome.digest and outcome.holder == message.message_id:
             return True
         processing = getattr(self._local, "processing", None)
         return processing is not None and processing.message.message_id == message.message_id
 
     @staticmethod
-    def _passes_unlocked(message: Message[Any], delay: int | None) -> bool:
+    def _passes_unlocked(outcome: EnqueueOutcome, delay: int | None) -> bool:
         """A rejected message goes to its dead-letter queue holding no lock; a
         rescheduled one holds none on its way to the delay queue (SPEC C3, C5)."""
-        status = enqueue_outcome(message).status
-        return status == REJECTED or (status == RESCHEDULED and delay is not None)
+        return outcome.status == REJECTED or (outcome.status == RESCHEDULED and delay is not None)
 
     def _reenter(self, message: Message[Any], config: LockConfig, delay: int | None) -> None:
         # Never raises: an exception here would lose a retry or wedge a consumer.
