@@ -30,6 +30,20 @@ def holder(message_id: str, state: str = "queued") -> Holder:
     return Holder(message_id=message_id, actor="settle", queue="payments", lock="until_executed", state=state)
 
 
+def swap(backend, key: str, run: str, owner: str, run_owner: str):
+    """until_and_while_executing at start: ``owner``'s place in ``key`` for one in ``run``."""
+    return backend.swap(
+        release_key=key,
+        release_owner=owner,
+        replaced_key=key + ":replaced",
+        acquire_key=run,
+        owner=run_owner,
+        limit=1,
+        ttl=None,
+        holder=holder(owner, "running"),
+    )
+
+
 def slot_of(digest: str) -> int:
     return key_slot(enqueue_key(PREFIX, digest).encode())
 
@@ -116,16 +130,7 @@ def test_a_lifecycle_is_one_script_call_per_transition_on_the_digests_master(clu
 
     def lifecycle(owner):
         assert backend.acquire(key, owner, limit=1, ttl=None, holder=holder(owner)).acquired
-        swapped = backend.swap(
-            release_key=key,
-            release_owner=owner,
-            replaced_key=key + ":replaced",
-            acquire_key=run,
-            owner=f"run-{owner}",
-            limit=1,
-            ttl=None,
-            holder=holder(owner, "running"),
-        )
+        swapped = swap(backend, key, run, owner, f"run-{owner}")
         assert swapped.acquired
         assert backend.release(run, f"run-{owner}")
 
@@ -155,16 +160,7 @@ def test_scripts_are_reloaded_on_every_master_after_noscript(cluster_client, red
         key = enqueue_key(PREFIX, digest)
         duplicate = backend.acquire(key, "dup", limit=1, ttl=None, holder=holder("dup"))
         assert (duplicate.acquired, duplicate.holders) == (False, (f"m{i}",))
-        swapped = backend.swap(
-            release_key=key,
-            release_owner=f"m{i}",
-            replaced_key=key + ":replaced",
-            acquire_key=run_key(PREFIX, digest),
-            owner=f"t{i}",
-            limit=1,
-            ttl=None,
-            holder=holder(f"m{i}", "running"),
-        )
+        swapped = swap(backend, key, run_key(PREFIX, digest), f"m{i}", f"t{i}")
         assert swapped.acquired
         assert backend.release(run_key(PREFIX, digest), f"t{i}")
         assert backend.acquire(key, "next", limit=1, ttl=None, holder=holder("next")).acquired
@@ -331,16 +327,7 @@ def test_a_swap_while_its_slot_moves_waits_for_the_move_instead_of_failing(clust
 
     def swap():
         try:
-            outcome["swap"] = backend.swap(
-                release_key=key,
-                release_owner="m1",
-                replaced_key=key + ":replaced",
-                acquire_key=run,
-                owner="t1",
-                limit=1,
-                ttl=None,
-                holder=holder("m1", "running"),
-            )
+            outcome["swap"] = swap(backend, key, run, "m1", "t1")
         except BaseException as e:  # noqa: BLE001 (reported by the test)
             outcome["error"] = e
 
@@ -374,16 +361,7 @@ def test_a_swap_that_cannot_run_for_cluster_retry_seconds_raises_and_changes_not
 
     def swap_when_stuck():
         with pytest.raises(LockBackendError, match="TTL exhausted") as excinfo:
-            backend.swap(
-                release_key=key,
-                release_owner="m1",
-                replaced_key=key + ":replaced",
-                acquire_key=run,
-                owner="t1",
-                limit=1,
-                ttl=None,
-                holder=holder("m1", "running"),
-            )
+            swap(backend, key, run, "m1", "t1")
         raised.append(excinfo.value)
 
     redis_cluster.move_slot(slot_of(digest), target, between_keys=swap_when_stuck)
