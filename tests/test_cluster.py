@@ -325,13 +325,13 @@ def test_a_swap_while_its_slot_moves_waits_for_the_move_instead_of_failing(clust
     target.config_resetstat()
     outcome = {}
 
-    def swap():
+    def swap_in_thread():
         try:
             outcome["swap"] = swap(backend, key, run, "m1", "t1")
         except BaseException as e:  # noqa: BLE001 (reported by the test)
             outcome["error"] = e
 
-    swapper = threading.Thread(target=swap)
+    swapper = threading.Thread(target=swap_in_thread)
 
     def swap_mid_move():
         swapper.start()
