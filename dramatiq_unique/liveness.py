@@ -156,16 +156,11 @@ class Liveness:
             self._leases.pop((key, owner), None)
 
     def retry_release(self, key: str, owner: str) -> None:
-        """Give up ``owner``'s place at ``key`` later: its release just failed (SPEC S6)."""
-        with self._mutex:
-            self._pending[(key, owner)] = 0
-        if not self.running:
-            self.logger.error(
-                "The lock %r of %r could not be released and no worker runs in this process to try again; "
-                "the orphan reaper or its lock_ttl will free it.",
-                key,
-                owner,
-            )
+        """Give up ``owner``'s place at ``key`` later, if a worker runs in this
+        process: its release just failed (SPEC S6). The caller says so."""
+        if self.running:
+            with self._mutex:
+                self._pending[(key, owner)] = 0
 
     def tick(self) -> None:
         """One round of the thread: heartbeat, renewals, failed releases, then ``on_tick``."""

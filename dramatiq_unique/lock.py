@@ -18,7 +18,7 @@ from .errors import LockBackendError
 from .keys import enqueue_key, replaced_key, run_key
 from .liveness import worker_id
 from .options import LockConfig
-from .outcome import ENQUEUED, EnqueueOutcome, enqueue_outcome, record_outcome
+from .outcome import ENQUEUED, EnqueueOutcome, enqueue_outcome, has_followers, record_outcome
 
 if TYPE_CHECKING:
     from .liveness import Liveness
@@ -69,7 +69,7 @@ class MessageLock:
         #: Whether the message holds its enqueue lock, as far as this process knows.
         self.holds_enqueue = (
             config.lock.locks_at_enqueue
-            and outcome.enqueued
+            and outcome.status == ENQUEUED
             and outcome.holder == message.message_id
             and outcome.digest == digest
         )
@@ -139,18 +139,24 @@ class MessageLock:
             return None
         return HeldLock(digest=self.digest, token=token, lock=self.config.lock.name, message_id=self.message.message_id)
 
-    def acquire_enqueue(self, delay: int | None = None, *, may_replace: bool = True) -> Acquisition:
+    def acquire_enqueue(
+        self, delay: int | None = None, *, may_replace: bool = True, holder: Holder | None = None
+    ) -> Acquisition:
         """Take the enqueue lock, or re-enter it when the message holds it already.
 
         The lock's TTL is extended by ``delay``, so it covers a delayed message
         until it is due. With the ``replace`` strategy (and ``may_replace``), a
         full lock gives up its oldest queued holder's place. On success the
         outcome is recorded in the message.
+
+        Parameters:
+          holder(Holder): What to record; by default the message as queued.
         """
         # Until the backend answers, the message may hold the lock: if the
         # answer is lost, release_enqueue() still gives the place up.
         self.holds_enqueue = True
-        place = dict(limit=self.config.lock_limit, ttl=self.config.lock_ttl, holder=self._holder("queued"))
+        holder = holder or self._holder("queued")
+        place = dict(limit=self.config.lock_limit, ttl=self.config.lock_ttl, holder=holder)
         if may_replace and self.config.client_strategy.replaces_queued_holders:
             acquisition = self.backend.replace(
                 self.enqueue_key, self.message.message_id, replaced_key=self.replaced_key, extend=delay or 0, **place
@@ -173,15 +179,18 @@ class MessageLock:
             )
         return acquisition
 
-    def record_enqueued(self, replaced: str | None = None) -> None:
+    def record_enqueued(self, replaced: str | None = None, *, status: str = ENQUEUED) -> None:
         """Record in the message that it is enqueued, with its digest and its enqueue lock, if any.
 
         The count of reschedules carries over: ``max_reschedules`` caps them all.
+
+        Parameters:
+          status(str): ``"unlocked"`` when it goes out without the lock it should hold.
         """
         record_outcome(
             self.message,
             EnqueueOutcome(
-                status=ENQUEUED,
+                status=status,
                 digest=self.digest,
                 holder=self.message.message_id,
                 token=self.enqueue_token if self.holds_enqueue else None,
@@ -222,7 +231,8 @@ class MessageLock:
         self._retake_lapsed_enqueue()
 
     def _retake_lapsed_enqueue(self) -> None:
-        acquisition = self.acquire_enqueue(may_replace=False)
+        # Recorded as running: a newer message never takes a running holder's place (C4).
+        acquisition = self.acquire_enqueue(may_replace=False, holder=self._running_holder())
         if not acquisition.acquired:
             self.holds_enqueue = False
             self.logger.warning(
@@ -244,6 +254,16 @@ class MessageLock:
                 if self.liveness is not None:
                     self.liveness.retry_release(self.enqueue_key, self.message.message_id)
                 raise
+
+    def forget_enqueue_after_failure(self) -> None:
+        """The backend failed to answer an acquisition of the enqueue lock,
+        which may have taken a place: give it back now if the backend answers,
+        else later from the heartbeat thread, if one runs in this process.
+        The orphan reaper and ``lock_ttl`` free it otherwise."""
+        try:
+            self.release_enqueue()
+        except LockBackendError:
+            pass
 
     def acquire_run(self) -> Acquisition:
         """Take a place in the run lock for this processing attempt."""
@@ -331,4 +351,9 @@ class MessageLock:
             worker_id=worker_id,
             # Lets the orphan reaper ask a RedisBroker whether the message still exists (SPEC R2).
             redis_message_id=self.message.options.get("redis_message_id") if state == "queued" else None,
+            # Only a message that checks at start whether it was replaced may be (C4): one
+            # whose actor replaces, and that no group or pipeline waits for.
+            replaceable=state == "queued"
+            and self.config.client_strategy.replaces_queued_holders
+            and not has_followers(self.message),
         )

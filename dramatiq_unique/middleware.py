@@ -2,31 +2,45 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from dramatiq import Broker, Message, Middleware
 from dramatiq.actor import Actor
+from dramatiq.common import q_name
 from dramatiq.logging import get_logger
 from dramatiq.middleware import Retries, SkipMessage
 
 from .backends import LockBackend
-from .crash import RAISE, CrashSafety, check_crash_options
+from .crash import ALLOW, RAISE, CrashSafety, check_crash_options
 from .current import _set_current_lock
-from .errors import EnqueueCancelled, InvalidLockOptions, LockBackendError
+from .errors import EnqueueCancelled, InvalidLockOptions, LockArgumentsError, LockBackendError
 from .liveness import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_PERIOD, Liveness
 from .lock import MessageLock
 from .options import DEFAULT_LOCK_PREFIX, DEFAULT_RESCHEDULE_DELAY, DEFAULTS, MESSAGE_OPTIONS, LockConfig, resolve
-from .outcome import REJECTED, RESCHEDULED, EnqueueOutcome, enqueue_outcome
+from .outcome import (
+    DUPLICATE,
+    ENQUEUED,
+    REJECTED,
+    RESCHEDULED,
+    UNLOCKED,
+    EnqueueOutcome,
+    enqueue_outcome,
+    has_followers,
+    record_outcome,
+)
 from .reaper import DEFAULT_REAPER_INTERVAL, Reaper
-from .strategies import CLIENT, SERVER, Conflict
+from .strategies import CLIENT, SERVER, Conflict, ConflictStrategy
 from .strategies.reject import dead_letter_if_rejected
 from .strategies.reschedule import Reschedule
 
-#: What becomes of a message whose run lock is held by its own earlier attempt.
-_REDELIVERY_STRATEGY = Reschedule()
+#: What becomes of a message that must not be dropped and cannot take its lock
+#: now: a redelivery meeting its own earlier attempt, a message that a group or
+#: a pipeline waits for, a message that Dramatiq itself enqueues.
+_TRY_AGAIN_STRATEGY = Reschedule()
 
 
 class UniqueJobs(CrashSafety, Middleware):
@@ -155,6 +169,14 @@ class UniqueJobs(CrashSafety, Middleware):
         self._declare(broker, actor)
 
     def _declare(self, broker: Broker, actor: Actor[Any, Any]) -> None:
+        count = sum(isinstance(m, UniqueJobs) for m in broker.middleware)
+        if count > 1:
+            # Each would take every lock, and each would meet the other's: while_executing
+            # messages would be rescheduled forever.
+            raise InvalidLockOptions(
+                f"UniqueJobs was added to this broker {count} times. Add it once, and give actors that "
+                "need other lock options their own options in @dramatiq.actor(...)."
+            )
         options = {**self.defaults, **{k: v for k, v in actor.options.items() if k in DEFAULTS}}
         config = resolve(f"Actor {actor.actor_name!r}", options)
         self._actors[actor.actor_name] = (options, config)
@@ -199,6 +221,10 @@ class UniqueJobs(CrashSafety, Middleware):
         finally:
             self._local.taken = outer
 
+    def after_consumer_thread_boot(self, broker: Broker, thread: Any) -> None:
+        # Consumer threads enqueue only to move due delayed messages to their queues.
+        self._local.consumer = True
+
     # Client side -------------------------------------------------------------
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
@@ -212,27 +238,48 @@ class UniqueJobs(CrashSafety, Middleware):
             if config.lock.locks_at_enqueue:
                 self._reenter(message, config, delay)
             return
-
-        # Bad lock arguments fail the send for every lock type (SPEC D6).
-        lock = MessageLock.for_message(
-            backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
-        )
+        # Dramatiq's own enqueues have no caller to raise to: an exception would
+        # wedge a consumer or stop a pipeline (L6).
+        internal = self._is_internal_enqueue(message)
+        try:
+            lock = MessageLock.for_message(
+                backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
+            )
+        except LockArgumentsError as e:
+            if not internal:
+                raise  # bad lock arguments fail the send for every lock type (D6)
+            self.logger.error(
+                "Message %r of actor %r is enqueued without a lock: %s", message.message_id, message.actor_name, e
+            )
+            return
         if not config.lock.locks_at_enqueue:
             lock.record_enqueued()
             return
         try:
             acquisition = lock.acquire_enqueue(delay)
         except LockBackendError as e:
-            # The script may have run and only its answer been lost.
-            self._release(lock.release_enqueue, message, "after the lock backend failed to answer")
+            # The script may have run and only its answer been lost: give the place back.
+            lock.forget_enqueue_after_failure()
+            if internal and self.on_backend_error != ALLOW:
+                self._try_again_later(broker, lock, delay, f"the lock backend failed ({e})")
             self._backend_failed(message, "enqueued", e)  # raises, unless on_backend_error="allow"
-            lock.record_enqueued()
+            lock.record_enqueued(status=UNLOCKED)
             return
         if acquisition.acquired:
             self._local.taken = lock
             return
-        conflict = Conflict(broker, message, lock, acquisition.holders, CLIENT, self.logger)
-        config.client_strategy.on_client_conflict(conflict)
+        conflict = Conflict(broker, message, lock, acquisition.holders, CLIENT, self.logger, delay=delay)
+        strategy = self._strategy_for(message, config.client_strategy)
+        if internal and strategy.fails_send:
+            strategy = _TRY_AGAIN_STRATEGY
+        try:
+            strategy.on_client_conflict(conflict)
+        except EnqueueCancelled:
+            raise
+        except Exception as e:
+            if not internal:
+                raise
+            self._try_again_later(broker, lock, delay, f"its conflict strategy {strategy.name!r} raised {e!r}")
 
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
         processing = getattr(self._local, "processing", None)
@@ -240,12 +287,59 @@ class UniqueJobs(CrashSafety, Middleware):
             processing.requeued = True
 
     def _is_reenqueue(self, message: Message[Any], outcome: EnqueueOutcome) -> bool:
-        """Whether this is Dramatiq enqueuing a message again (a retry, a
-        delay-queue move, a publish retry) rather than a new send (SPEC L6)."""
-        if outcome.enqueued and outcome.digest and outcome.holder == message.message_id:
+        """Whether this is Dramatiq enqueuing a message again that took its
+        lock before (SPEC L6): a retry, or a reschedule, from the worker
+        thread processing it; a due delayed message moved by a consumer; a
+        publish retried by the broker. Anything else is a new send, also
+        a dead-lettered message enqueued again by hand."""
+        local = self._local
+        for lock in (getattr(local, "processing", None), getattr(local, "taken", None)):
+            if lock is not None and lock.message.message_id == message.message_id:
+                return True
+        return (
+            getattr(local, "consumer", False)
+            and outcome.status == ENQUEUED
+            and bool(outcome.digest)
+            and outcome.holder == message.message_id
+        )
+
+    def _is_internal_enqueue(self, message: Message[Any]) -> bool:
+        """Whether Dramatiq itself enqueues this new message: a consumer moving
+        a due delayed message, or a worker enqueuing a pipeline's next step or
+        a group's completion callback."""
+        if getattr(self._local, "consumer", False):
             return True
-        processing = getattr(self._local, "processing", None)
-        return processing is not None and processing.message.message_id == message.message_id
+        processed = getattr(self._local, "message", None)
+        if processed is None:
+            return False
+        options = processed.options
+        followers = [options.get("pipe_target") or {}, *(options.get("group_completion_callbacks") or ())]
+        return any(follower.get("message_id") == message.message_id for follower in followers)
+
+    @staticmethod
+    def _strategy_for(message: Message[Any], strategy: ConflictStrategy) -> ConflictStrategy:
+        # A group or a pipeline waits for this message: dropping it would leave the
+        # group incomplete and stop the pipeline, so it waits for the lock instead.
+        if strategy.drops_duplicates and has_followers(message):
+            return _TRY_AGAIN_STRATEGY
+        return strategy
+
+    def _try_again_later(self, broker: Broker, lock: MessageLock, delay: int | None, reason: str) -> NoReturn:
+        """Enqueue a message that Dramatiq itself enqueues, and that could not
+        take its lock, again after ``reschedule_delay``: it tries again then."""
+        message, wait = lock.message, max(delay or 0, lock.config.reschedule_delay)
+        self.logger.warning(
+            "Message %r of actor %r could not take its lock %r because %s; it tries again in %d ms.",
+            message.message_id,
+            message.actor_name,
+            lock.digest,
+            reason,
+            wait,
+        )
+        outcome = enqueue_outcome(message)
+        again = message.copy(queue_name=q_name(message.queue_name))
+        record_outcome(again, EnqueueOutcome(status=RESCHEDULED, digest=lock.digest, reschedules=outcome.reschedules))
+        raise EnqueueCancelled("The message tries its lock again later.", broker.enqueue(again, delay=wait))
 
     @staticmethod
     def _passes_unlocked(outcome: EnqueueOutcome, delay: int | None) -> bool:
@@ -254,34 +348,51 @@ class UniqueJobs(CrashSafety, Middleware):
         return outcome.status == REJECTED or (outcome.status == RESCHEDULED and delay is not None)
 
     def _reenter(self, message: Message[Any], config: LockConfig, delay: int | None) -> None:
-        # Never raises: an exception here would lose a retry or wedge a consumer.
+        # Never raises, but to drop a stale retry: an exception here would lose a retry or wedge a consumer.
         try:
             lock = MessageLock.for_message(
                 backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
             )
-            acquisition = lock.acquire_enqueue(delay)
-        except Exception:
-            self.logger.error(
-                "Message %r of actor %r is enqueued again without its lock: the lock backend failed.",
+            # A re-enqueue never takes another message's place (C4).
+            acquisition = lock.acquire_enqueue(delay, may_replace=False)
+        except Exception as e:
+            self.logger.warning(
+                "Message %r of actor %r is enqueued again without its lock: %s",
                 message.message_id,
                 message.actor_name,
-                exc_info=True,
+                e,
+                exc_info=self.logger.isEnabledFor(logging.DEBUG),
             )
             return
-        if not acquisition.acquired:
-            self.logger.warning(
-                "Message %r of actor %r is enqueued again although its lock %r is now held by message %s: "
-                "Dramatiq's own re-enqueues are never blocked.",
+        if acquisition.acquired:
+            return
+        holders = ", ".join(map(repr, acquisition.holders))
+        if config.client_strategy.replaces_queued_holders and not has_followers(message):
+            # The newest message runs: an older one coming back from a retry gives way to it.
+            self.logger.info(
+                "Message %r of actor %r is not enqueued again: newer message %s took its lock %r (strategy 'replace').",
                 message.message_id,
                 message.actor_name,
+                holders,
                 lock.digest,
-                ", ".join(map(repr, acquisition.holders)),
             )
+            record_outcome(message, EnqueueOutcome(status=DUPLICATE, digest=lock.digest, holder=acquisition.holders[0]))
+            raise EnqueueCancelled("A newer message holds the lock.", message)
+        self.logger.warning(
+            "Message %r of actor %r is enqueued again although its lock %r is now held by message %s: "
+            "Dramatiq's own re-enqueues are never blocked.",
+            message.message_id,
+            message.actor_name,
+            lock.digest,
+            holders,
+        )
 
     # Server side -------------------------------------------------------------
 
     def before_process_message(self, broker: Broker, message: Message[Any]) -> None:
         self._local.processing = None
+        # Every message, locked or not: its pipeline's next step is enqueued from here.
+        self._local.message = message
         config = self._config_for(message)
         if config is None:
             return
@@ -305,12 +416,12 @@ class UniqueJobs(CrashSafety, Middleware):
             raise SkipMessage("A newer message replaced this one.")
         if acquisition is not None and not acquisition.acquired:
             conflict = Conflict(broker, message, lock, acquisition.holders, SERVER, self.logger)
-            strategy = config.server_strategy
-            if set(acquisition.holders) == {message.message_id}:
+            strategy = self._strategy_for(message, config.server_strategy)
+            if message.message_id in acquisition.holders:
                 # A redelivery met the run lock of its own earlier attempt, whose worker died or
                 # which the broker gave up on: it is no duplicate to drop, so it tries again
                 # once that attempt has finished or its lease has run out (SPEC L7, R1).
-                strategy = _REDELIVERY_STRATEGY
+                strategy = _TRY_AGAIN_STRATEGY
             strategy.on_server_conflict(conflict)
         _set_current_lock(lock.held())
 
@@ -324,6 +435,7 @@ class UniqueJobs(CrashSafety, Middleware):
 
     def _finish(self, message: Message[Any]) -> None:
         _set_current_lock(None)
+        self._local.message = None
         lock, self._local.processing = getattr(self._local, "processing", None), None
         if lock is None or lock.message.message_id != message.message_id:
             # An earlier middleware skipped the message before we saw it
@@ -358,12 +470,15 @@ class UniqueJobs(CrashSafety, Middleware):
     def _release(self, release: Callable[[], None], message: Message[Any], when: str) -> None:
         try:
             release()
-        except LockBackendError:
-            self.logger.error(
-                "The lock of message %r of actor %r could not be released %s; this worker tries again, "
-                "and its lease, its lock_ttl or the orphan reaper frees it if that fails too.",
+        except LockBackendError as e:
+            self.logger.warning(
+                "The lock of message %r of actor %r could not be released %s: %s. %s",
                 message.message_id,
                 message.actor_name,
                 when,
-                exc_info=True,
+                e,
+                "This worker tries again; the lock's lease or its lock_ttl frees it if that fails too."
+                if self.liveness.running
+                else "The orphan reaper or the lock's lock_ttl frees it.",
+                exc_info=self.logger.isEnabledFor(logging.DEBUG),
             )

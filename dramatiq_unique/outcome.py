@@ -19,6 +19,12 @@ DUPLICATE = "duplicate"
 REJECTED = "rejected"
 #: The message was enqueued with a delay, to try the lock again then (``reschedule``).
 RESCHEDULED = "rescheduled"
+#: The message was enqueued without its lock: the lock backend failed and
+#: ``on_backend_error`` is ``"allow"``.
+UNLOCKED = "unlocked"
+
+#: The message options of Dramatiq's pipelines and groups that something waits for.
+_FOLLOWER_OPTIONS = ("pipe_target", "group_completion_uuid")
 
 
 @dataclass(frozen=True)
@@ -27,8 +33,10 @@ class EnqueueOutcome:
 
     Parameters:
       status(str): ``"enqueued"``, ``"duplicate"`` (dropped), ``"rejected"``
-        (on its way to the dead-letter queue) or ``"rescheduled"`` (it tries
-        the lock again after ``reschedule_delay``).
+        (on its way to the dead-letter queue), ``"rescheduled"`` (it tries
+        the lock again after ``reschedule_delay``) or ``"unlocked"`` (enqueued
+        without its lock because the lock backend failed and
+        ``on_backend_error`` is ``"allow"``).
       digest(str): The lock's digest; ``None`` when the actor has no lock.
       holder(str): The message_id that holds the lock: the message itself when
         it was enqueued, the earlier message otherwise.
@@ -52,8 +60,9 @@ class EnqueueOutcome:
 
     @property
     def enqueued(self) -> bool:
-        """Whether the message went onto its queue holding its place: it will run."""
-        return self.status == ENQUEUED
+        """Whether the message went onto its queue: it will run. Its status
+        says whether it holds its lock (``"enqueued"``) or not (``"unlocked"``)."""
+        return self.status in (ENQUEUED, UNLOCKED)
 
 
 def enqueue_outcome(message: Message[Any]) -> EnqueueOutcome:
@@ -82,6 +91,11 @@ def enqueue_outcome(message: Message[Any]) -> EnqueueOutcome:
         reschedules=recorded.get("reschedules", 0),
         reason=recorded.get("reason"),
     )
+
+
+def has_followers(message: Message[Any]) -> bool:
+    """Whether a pipeline's next step or a group's completion callbacks wait for the message."""
+    return any(message.options.get(name) for name in _FOLLOWER_OPTIONS)
 
 
 def record_outcome(message: Message[Any], outcome: EnqueueOutcome) -> None:

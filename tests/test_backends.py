@@ -12,8 +12,15 @@ from dramatiq_unique import LockBackendError, RedisBackend, StubBackend
 from dramatiq_unique.backends import Holder
 
 
-def holder(message_id: str, state: str = "queued") -> Holder:
-    return Holder(message_id=message_id, actor="settle", queue="payments", lock="until_executed", state=state)
+def holder(message_id: str, state: str = "queued", *, replaceable: bool = True) -> Holder:
+    return Holder(
+        message_id=message_id,
+        actor="settle",
+        queue="payments",
+        lock="until_executed",
+        state=state,
+        replaceable=replaceable and state == "queued",
+    )
 
 
 @pytest.fixture(params=["stub", "redis", "cluster"])
@@ -158,6 +165,25 @@ def test_replace_never_takes_a_running_holders_place(backend):
     taken = replace(backend, "m2")
     assert not taken.acquired and taken.holders == ("m1",)
     assert replace(backend, "m3", limit=2).acquired  # a free place is simply taken
+
+
+def test_replace_never_takes_the_place_of_a_holder_that_is_not_replaceable(backend):
+    # C4: only a holder that checks the replaced set when it starts is replaced, so that a
+    # message recorded as replaced is really skipped.
+    backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder("m1", replaceable=False))
+    taken = replace(backend, "m2")
+    assert not taken.acquired and taken.holders == ("m1",)
+    assert claim(backend, "m1") == "held"
+
+
+def test_a_message_holds_at_most_one_place(backend):
+    # L7: a second owner for the same message (a redelivery of a running message) is refused,
+    # naming only that message, even when places are free.
+    backend.acquire(RUN_KEY, "attempt-1", limit=3, ttl=None, holder=holder("m1", "running"))
+    backend.acquire(RUN_KEY, "attempt-x", limit=3, ttl=None, holder=holder("m2", "running"))
+    again = backend.acquire(RUN_KEY, "attempt-2", limit=3, ttl=None, holder=holder("m1", "running"))
+    assert not again.acquired and again.holders == ("m1",)
+    assert backend.acquire(RUN_KEY, "attempt-y", limit=3, ttl=None, holder=holder("m3", "running")).acquired
 
 
 def test_claim_can_release_at_start(backend):

@@ -101,17 +101,40 @@ def test_redis_down_at_send(outage_env, server, caplog):
 
     server.stop()
     if env.policy == "raise":
-        # Fail closed: send() raises and nothing is enqueued.
-        with pytest.raises(LockBackendError):
+        # Fail closed: send() raises and nothing is enqueued; the exception is the one report.
+        with caplog.at_level(logging.DEBUG), pytest.raises(LockBackendError):
             settle.send("evt_1")
         assert env.waiting(settle) == 0
+        assert unique_warnings(caplog) == []
     else:
-        # Fail open: enqueued without a lock, with a WARNING.
-        with caplog.at_level(logging.WARNING):
+        # Fail open: enqueued without a lock, with one WARNING line and no traceback.
+        with caplog.at_level(logging.INFO):
             message = settle.send("evt_1")
         assert enqueue_outcome(message).enqueued and enqueue_outcome(message).token is None
+        assert enqueue_outcome(message).status == "unlocked"
         assert env.waiting(settle) == 1
-        assert any("without its lock" in line for line in unique_warnings(caplog))
+        [line] = unique_warnings(caplog)
+        assert "is enqueued without its lock" in line
+    assert not [r for r in caplog.records if r.name.startswith("dramatiq_unique") and r.exc_info]
+
+
+def test_a_failed_send_logs_one_line_per_event_and_tracebacks_only_at_debug(outage_env, server, caplog):
+    env = outage_env
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    server.stop()
+    with caplog.at_level(logging.DEBUG, logger="dramatiq_unique"):
+        for i in range(3):
+            try:
+                settle.send(f"evt_{i}")
+            except LockBackendError:
+                pass
+    lines = unique_warnings(caplog)
+    assert len(lines) == (0 if env.policy == "raise" else 3)
+    assert not any("could not be released" in line for line in lines)
 
 
 def test_redis_down_when_a_message_starts(outage_env, server, caplog):
@@ -157,7 +180,9 @@ def test_a_release_that_fails_during_an_outage_is_retried_after_the_restart(outa
     with caplog.at_level(logging.WARNING):
         gate.open()
         env.join(settle)
-    assert any("could not be released" in line for line in unique_warnings(caplog))
+    [line] = [line for line in unique_warnings(caplog) if "could not be released" in line]
+    assert "This worker tries again" in line
+    assert not [r for r in caplog.records if r.name.startswith("dramatiq_unique") and r.exc_info]
 
     server.start()
     assert client.exists(f"dramatiq-unique:{{{digest}}}")  # still held after the restart
@@ -166,3 +191,29 @@ def test_a_release_that_fails_during_an_outage_is_retried_after_the_restart(outa
     assert enqueue_outcome(settle.send("evt_1")).enqueued
     env.join(settle)
     assert gate.runs == ["evt_1", "evt_1"]
+
+
+@pytest.mark.parametrize("outage_env", ["raise"], indirect=True)
+def test_a_rescheduled_message_that_comes_due_during_an_outage_tries_again_later(outage_env, server, caplog):
+    # L6: the move out of the delay queue used to raise LockBackendError in the consumer thread:
+    # the consumer crashed and the message never ran. It tries its lock again later instead.
+    env = outage_env
+    gate = Gate()
+
+    @env.actor(lock="until_executed", on_conflict="reschedule", reschedule_delay=300)
+    def settle(event_id):
+        gate.enter(event_id)
+
+    settle.send("evt_1")
+    assert enqueue_outcome(settle.send("evt_1")).status == "rescheduled"
+    env.worker(threads=2)
+    wait_for(lambda: gate.runs == ["evt_1"])
+    with caplog.at_level(logging.WARNING):
+        server.stop()
+        wait_for(lambda: any("it tries again in 300 ms" in line for line in unique_warnings(caplog)))
+        server.start()
+        gate.open()
+        env.join(settle)
+    assert gate.runs == ["evt_1", "evt_1"]
+    assert gate.max_running["evt_1"] == 1
+    assert not any("Consumer encountered" in r.getMessage() for r in caplog.records)

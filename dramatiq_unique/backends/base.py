@@ -29,6 +29,9 @@ class Holder:
       worker_id(str): The worker process running the message, for run locks.
       redis_message_id(str): The message's id in a ``RedisBroker`` queue, for
         enqueue locks: the orphan reaper asks the broker whether it still exists.
+      replaceable(bool): Whether a newer message may take this queued holder's
+        place (``replace``): only a holder that checks, when it starts, whether
+        it was replaced is ever replaced, so a replaced message never runs.
     """
 
     message_id: str
@@ -38,10 +41,12 @@ class Holder:
     state: str
     worker_id: str | None = None
     redis_message_id: str | None = None
+    replaceable: bool = False
 
     def to_json(self) -> str:
         # Unset fields are left out: every held lock pays for its bytes (SPEC P4).
-        return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, separators=(",", ":"))
+        fields = {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+        return json.dumps(fields, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -125,7 +130,10 @@ class LockBackend(abc.ABC):
 
         If ``owner`` already has a place, it is kept with its token and its
         expiry is pushed back to at least ``ttl + extend`` from now: this is
-        how re-enqueues of the same message pass their own lock.
+        how re-enqueues of the same message pass their own lock. A message
+        holds at most one place: when another owner holds one for the same
+        ``holder.message_id`` (a redelivery meeting its earlier attempt), the
+        answer is not acquired and names only that message.
 
         Parameters:
           key(str): The lock's key.
@@ -149,7 +157,7 @@ class LockBackend(abc.ABC):
         self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0
     ) -> Acquisition:
         """As :meth:`acquire`, but when every place is taken, first take the
-        place of the oldest holder whose state is ``"queued"``, and add that
+        place of the oldest holder that is ``"queued"`` and ``replaceable``, and add that
         holder's owner to the set at ``replaced_key``. Holders that run keep
         their places. The answer names the replaced owner.
         """

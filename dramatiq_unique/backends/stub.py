@@ -58,7 +58,9 @@ class StubBackend(LockBackend):
             lock = self._live(key, time.time_ns() // 1_000_000)
             victim = None
             if len(lock.places) >= limit and owner not in lock.places:
-                queued = [(p.token, o) for o, p in lock.places.items() if p.holder.state == "queued"]
+                queued = [
+                    (p.token, o) for o, p in lock.places.items() if p.holder.state == "queued" and p.holder.replaceable
+                ]
                 if queued:
                     victim = min(queued)[1]
                     del lock.places[victim]
@@ -196,6 +198,8 @@ class StubBackend(LockBackend):
             token, acquired_at = place.token, place.acquired_at
         elif len(lock.places) >= limit:
             return Acquisition(acquired=False, holders=tuple(p.holder.message_id for p in lock.places.values()))
+        elif any(p.holder.message_id == holder.message_id for p in lock.places.values()):
+            return Acquisition(acquired=False, holders=(holder.message_id,))
         else:
             # As on Redis: tokens follow the clock in microseconds, so they keep
             # increasing after a free lock was dropped with its fence.

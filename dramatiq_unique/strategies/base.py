@@ -28,6 +28,7 @@ class Conflict:
       holders(tuple[str]): The message_ids holding the lock.
       side(str): ``"client"`` or ``"server"``.
       logger(Logger): The middleware's logger.
+      delay(int): The delay the duplicate was sent with, in milliseconds, if any.
     """
 
     broker: Broker
@@ -36,6 +37,7 @@ class Conflict:
     holders: tuple[str, ...]
     side: str
     logger: logging.Logger
+    delay: int | None = None
 
     @property
     def digest(self) -> str:
@@ -77,6 +79,14 @@ class ConflictStrategy:
     #: Whether a new message takes the place of a queued holder at enqueue
     #: instead of meeting a conflict (``replace``).
     replaces_queued_holders: ClassVar[bool] = False
+    #: Whether the duplicate is dropped. A message that a group or a pipeline
+    #: waits for is rescheduled instead, so the group completes and the
+    #: pipeline goes on.
+    drops_duplicates: ClassVar[bool] = False
+    #: Whether ``send()`` raises on a client conflict. Where Dramatiq itself
+    #: enqueues (a due delayed message, a pipeline's next step) nobody would
+    #: see the error, so the duplicate is rescheduled instead.
+    fails_send: ClassVar[bool] = False
 
     def on_client_conflict(self, conflict: Conflict) -> NoReturn:
         """Resolve a conflict found when the duplicate was sent."""

@@ -18,6 +18,7 @@ class Log(ConflictStrategy):
     """
 
     name = "log"
+    drops_duplicates = True
 
     def on_client_conflict(self, conflict):
         message = conflict.message

@@ -16,6 +16,7 @@ class Raise(ConflictStrategy):
     """
 
     name = "raise"
+    fails_send = True
 
     def on_client_conflict(self, conflict):
         conflict.log(logging.INFO, "was not enqueued", self.name)

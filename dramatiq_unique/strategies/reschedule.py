@@ -34,9 +34,11 @@ class Reschedule(ConflictStrategy):
             ),
         )
         # A message recorded as rescheduled passes before_enqueue while it
-        # goes to the delay queue, and tries the lock again when it is due.
+        # goes to the delay queue, and tries the lock again when it is due,
+        # but never before the delay it was sent with.
         rescheduled = conflict.broker.enqueue(
-            message.copy(queue_name=q_name(message.queue_name)), delay=config.reschedule_delay
+            message.copy(queue_name=q_name(message.queue_name)),
+            delay=max(conflict.delay or 0, config.reschedule_delay),
         )
         raise EnqueueCancelled("The message was rescheduled.", rescheduled)
 

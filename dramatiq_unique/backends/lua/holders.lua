@@ -67,7 +67,7 @@ end
 -- Takes one of the `limit` places of the lock for `owner`, or keeps the place
 -- `owner` has and pushes its expiry back to at least `ttl + extend` from now.
 -- Returns {1, token, expires_at or 0}, or {0, message_id of each holder} when
--- the other holders fill every place.
+-- the other holders fill every place or the holder's message has a place already.
 local function acquire(key, owner, limit, ttl, extend, holder)
   local now, now_us = clock()
   local holders, count = live_holders(key, now)
@@ -93,6 +93,18 @@ local function acquire(key, owner, limit, ttl, extend, holder)
       end
       expire_with_holders(key, holders, count)
       return reply
+    end
+    if count > 0 then
+      -- A message holds at most one place: a redelivery of a message that still runs
+      -- elsewhere (a new owner, the same message) meets its earlier attempt.
+      local message_id = cjson.decode(holder).message_id
+      for _, record in pairs(holders) do
+        local _, _, _, holder_json = parse(record)
+        if cjson.decode(holder_json).message_id == message_id then
+          expire_with_holders(key, holders, count)
+          return {0, message_id}
+        end
+      end
     end
     -- Tokens follow the server clock in microseconds, so they keep
     -- increasing even after the key (and its fence) went with its last holder.

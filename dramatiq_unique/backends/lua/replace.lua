@@ -1,5 +1,5 @@
 -- Takes a place like acquire; when every place is taken, first takes the place
--- of the oldest holder that is still queued (never one that runs) and
+-- of the oldest holder that is still queued and replaceable (never one that runs) and
 -- remembers that holder in the replaced set, so it is skipped when it starts.
 -- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set (one digest, one hash slot).
 -- ARGV: owner, limit, ttl in ms (0: never lapses), extend in ms, holder JSON, replaced set TTL in ms.
@@ -11,7 +11,9 @@ if count >= limit and not holders[owner] then
   local oldest = nil
   for holder_owner, record in pairs(holders) do
     local _, token, _, holder = parse(record)
-    if string.find(holder, '"state":"queued"', 1, true) and (oldest == nil or token < oldest) then
+    -- Only a queued holder that checks the replaced set when it starts may lose its place.
+    if string.find(holder, '"replaceable":true', 1, true) and string.find(holder, '"state":"queued"', 1, true)
+        and (oldest == nil or token < oldest) then
       victim, oldest = holder_owner, token
     end
   end
