@@ -13,6 +13,8 @@ from dramatiq_unique import InvalidLockOptions, LockArgumentsError, StubBackend,
 from dramatiq_unique.digest import compute_digest
 from dramatiq_unique.keys import enqueue_key
 
+from .support import unique_warnings
+
 
 @pytest.mark.parametrize(
     ("options", "expected"),
@@ -300,3 +302,54 @@ def test_arguments_dramatiq_cannot_encode_fail_the_send_and_enqueue_nothing(env,
     with pytest.raises(LockArgumentsError, match=f"'job'.*{cause}"):
         job.send(argument)
     assert env.waiting(job) == 0
+
+
+# Message options (issue 9, item 6) -------------------------------------------------------------
+
+
+def test_lock_args_method_cannot_be_sent_with_a_message(env):
+    # D5 + D6: a clear error naming the actor and the option, not the encoder's raw TypeError.
+    runs = []
+
+    @env.actor(lock="until_executed")
+    def job(x):
+        runs.append(x)
+
+    with pytest.raises(InvalidLockOptions) as excinfo:
+        job.send_with_options(args=(1,), lock_args_method=lambda x: [x])
+    text = str(excinfo.value)
+    assert "'job'" in text and "lock_args_method" in text and "on the actor" in text
+    assert env.waiting(job) == 0
+    assert enqueue_outcome(job.send(1)).enqueued  # and nothing was locked
+    env.worker()
+    env.join(job)
+    assert runs == [1]
+
+
+def test_a_misspelt_message_option_is_logged_once_with_the_right_name(env, caplog):
+    # D5: Dramatiq stores message options unchecked, so a misspelt lock option would be ignored silently.
+    class Concurrency(dramatiq.Middleware):
+        actor_options = {"locks"}
+
+    env.broker.add_middleware(Concurrency())
+
+    @env.actor(lock="until_executed")
+    def job(x):
+        pass
+
+    @env.actor(lock="until_executed")
+    def other(x):
+        pass
+
+    for x in range(3):
+        assert enqueue_outcome(job.send_with_options(args=(x,), lock_tll=5000)).enqueued
+    other.send_with_options(args=(1,), lock_tll=5000)
+    # Options of other middleware, declared or not, and options not close to ours are not ours to judge.
+    job.send_with_options(args=(9,), max_retries=0, time_limit=1000, locks=2, tenant="acme", clock="utc", delay=10)
+    job.send_with_options(args=(10,), on_conflcit="raise")
+
+    warnings = unique_warnings(caplog)
+    assert len(warnings) == 3, warnings
+    assert "'job'" in warnings[0] and "'lock_tll'" in warnings[0] and "'lock_ttl'" in warnings[0]
+    assert "'other'" in warnings[1] and "'lock_tll'" in warnings[1]
+    assert "'on_conflcit'" in warnings[2] and "'on_conflict'" in warnings[2]
