@@ -140,7 +140,8 @@ class MessageOptionsCheck:
         self._mutex = threading.Lock()
 
     def __call__(self, broker: Broker, message: Message[Any]) -> None:
-        """
+        """Check the options of ``message``, which is being enqueued on ``broker``.
+
         Raises:
           InvalidLockOptions: If the message sets ``lock_args_method``.
         """
