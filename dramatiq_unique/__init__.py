@@ -5,6 +5,7 @@ from .current import HeldLock, current_lock
 from .errors import (
     DuplicateMessage,
     EnqueueCancelled,
+    InvalidBackendOptions,
     InvalidLockOptions,
     LockArgumentsError,
     LockBackendError,
@@ -37,6 +38,7 @@ __all__ = [
     # Errors
     "UniqueError",
     "InvalidLockOptions",
+    "InvalidBackendOptions",
     "LockArgumentsError",
     "LockBackendError",
     "DuplicateMessage",

@@ -25,7 +25,7 @@ def lock_arguments(
       LockArgumentsError: If ``lock_args_method`` raises.
     """
     if lock_args_method is None:
-        return [list(args), kwargs]
+        return [args, kwargs]
     try:
         return lock_args_method(*args, **kwargs)
     except Exception as e:
@@ -49,18 +49,45 @@ def compute_digest(
     arguments, so argument values can never steer key names.
 
     Raises:
-      LockArgumentsError: If the lock arguments are not JSON-serialisable.
+      LockArgumentsError: If the lock arguments cannot be encoded as JSON.
     """
-    identity = [
-        None if unique_across_actors else actor_name,
-        None if unique_across_queues else q_name(queue_name),
-        lock_args,
-    ]
     try:
-        canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise LockArgumentsError(
-            f"The lock arguments of actor {actor_name!r} are not JSON-serialisable ({e}). "
-            "Return plain JSON values from lock_args_method. The message was not enqueued and no lock was taken."
-        ) from e
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+        identity = [
+            None if unique_across_actors else actor_name,
+            None if unique_across_queues else q_name(queue_name),
+            lock_args,
+        ]
+        return hashlib.sha256(canonical_json(identity)).hexdigest()
+    except (TypeError, ValueError, RecursionError) as e:
+        raise _arguments_error(actor_name, "are not JSON-serialisable", e) from e
+    except Exception as e:
+        # E.g. a mapping whose items() raises: nothing but a MiddlewareError may escape a before_* hook.
+        raise _arguments_error(actor_name, "could not be encoded as JSON", e) from e
+
+
+def _arguments_error(actor_name: str, problem: str, cause: Exception) -> LockArgumentsError:
+    return LockArgumentsError(
+        f"The lock arguments of actor {actor_name!r} {problem} ({type(cause).__name__}: {cause}): "
+        "the message's arguments, or what its lock_args_method returns, must be plain JSON values. "
+        "The message was not enqueued and no lock was taken."
+    )
+
+
+def canonical_json(value: Any) -> bytes:
+    """The canonical JSON of ``value`` as a worker receives it, in UTF-8.
+
+    The value goes through Dramatiq's JSON encoding first, so values that
+    arrive at a worker identical are one job: ``{1: "a"}`` and ``{"1": "a"}``,
+    a tuple and a list, a surrogate pair and the character it stands for.
+    Keys are then sorted. Non-ASCII characters stay unescaped and lone
+    surrogates (``os.fsdecode`` of a non-UTF-8 file name) are written as
+    their code points, which keeps the digests of earlier releases and
+    keeps distinct values distinct.
+
+    Raises:
+      TypeError, ValueError: If Dramatiq's JSON encoder cannot encode ``value`` either.
+    """
+    # dramatiq.encoder.JSONEncoder: json.dumps with its defaults (ASCII only, NaN allowed).
+    received = json.loads(json.dumps(value, separators=(",", ":")))
+    canonical = json.dumps(received, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return canonical.encode("utf-8", "surrogatepass")

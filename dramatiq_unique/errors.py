@@ -24,6 +24,11 @@ class LockArgumentsError(UniqueError, ValueError):
     """Raised when the lock arguments of a message cannot be computed or serialised."""
 
 
+class InvalidBackendOptions(UniqueError, ValueError):
+    """Raised when a lock backend is given connection options it cannot use, e.g. a URL that
+    cannot be parsed. Its message never quotes the URL, which may hold a password."""
+
+
 class LockBackendError(UniqueError):
     """Raised when the lock backend cannot be reached or fails to answer."""
 

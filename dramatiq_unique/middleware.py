@@ -20,7 +20,15 @@ from .current import _set_current_lock
 from .errors import EnqueueCancelled, InvalidLockOptions, LockArgumentsError, LockBackendError
 from .liveness import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_PERIOD, Liveness
 from .lock import MessageLock
-from .options import DEFAULT_LOCK_PREFIX, DEFAULT_RESCHEDULE_DELAY, DEFAULTS, MESSAGE_OPTIONS, LockConfig, resolve
+from .options import (
+    DEFAULT_LOCK_PREFIX,
+    DEFAULT_RESCHEDULE_DELAY,
+    DEFAULTS,
+    MESSAGE_OPTIONS,
+    LockConfig,
+    MessageOptionsCheck,
+    resolve,
+)
 from .outcome import (
     DUPLICATE,
     ENQUEUED,
@@ -147,6 +155,7 @@ class UniqueJobs(CrashSafety, Middleware):
             "max_reschedules": max_reschedules,
         }
         self._default_config = resolve("UniqueJobs", self.defaults)
+        self._check_message_options = MessageOptionsCheck(self.logger)
         #: The merged options and the resolved config of each declared actor.
         self._actors: dict[str, tuple[dict[str, Any], LockConfig | None]] = {}
         self._guarded_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
@@ -228,6 +237,7 @@ class UniqueJobs(CrashSafety, Middleware):
     # Client side -------------------------------------------------------------
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        self._check_message_options(broker, message)
         config = self._config_for(message)
         if config is None:
             return

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
+import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from dramatiq import Broker, Message
 
 from .errors import InvalidLockOptions
 from .locks import LOCK_TYPES, LockType
@@ -32,6 +38,10 @@ DEFAULTS: dict[str, Any] = {
 #: The options a message may override with ``send_with_options``: all but
 #: the callable, which cannot travel with a message.
 MESSAGE_OPTIONS = frozenset(DEFAULTS) - {"lock_args_method"}
+
+#: How alike a message option's name and a lock option's must be (difflib's ratio) for the
+#: first to be taken for a misspelling of the second.
+MISSPELLING_CUTOFF = 0.8
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,65 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
         reschedule_delay=options["reschedule_delay"],
         max_reschedules=options["max_reschedules"],
     )
+
+
+class MessageOptionsCheck:
+    """Checks the option names of a message before anything is locked.
+
+    ``lock_args_method`` is refused. Dramatiq stores message options
+    unchecked, so an option that no middleware on the broker declares and
+    whose name is close to a lock option's is logged as a likely misspelling,
+    once per actor and option.
+
+    Parameters:
+      logger(Logger): Where misspellings are reported.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._warned: set[tuple[str, str]] = set()
+        self._mutex = threading.Lock()
+
+    def __call__(self, broker: Broker, message: Message[Any]) -> None:
+        """Check the options of ``message``, which is being enqueued on ``broker``.
+
+        Raises:
+          InvalidLockOptions: If the message sets ``lock_args_method``.
+        """
+        if "lock_args_method" in message.options:
+            raise InvalidLockOptions(
+                f"Actor {message.actor_name!r} (options of message {message.message_id!r}) sets lock_args_method: "
+                "a callable cannot travel with a message. Set it on the actor, @dramatiq.actor(lock_args_method=...), "
+                "or on UniqueJobs. The message was not enqueued and no lock was taken."
+            )
+        for name in message.options.keys() - broker.actor_options:
+            suggestion = _misspelt(name) if isinstance(name, str) else None
+            if suggestion is not None:
+                self._warn(message.actor_name, name, suggestion)
+
+    def _warn(self, actor_name: str, name: str, suggestion: str) -> None:
+        with self._mutex:
+            if (actor_name, name) in self._warned:
+                return
+            self._warned.add((actor_name, name))
+        self.logger.warning(
+            "Actor %r was sent with the option %r, which no middleware declares, so it is ignored. "
+            "Did you mean %r? This is logged once per actor and option.",
+            actor_name,
+            name,
+            suggestion,
+        )
+
+
+@functools.lru_cache(maxsize=256)
+def _misspelt(name: str) -> str | None:
+    """The message option that ``name`` probably misspells, if any.
+
+    Typos seldom change the first letter: requiring it keeps names that merely
+    look alike, such as ``clock`` or ``block`` for ``lock``, from warning.
+    """
+    matches = difflib.get_close_matches(name, sorted(MESSAGE_OPTIONS), n=3, cutoff=MISSPELLING_CUTOFF)
+    return next((match for match in matches if match[0] == name[0]), None)
 
 
 def _choices(names) -> str:

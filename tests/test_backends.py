@@ -3,12 +3,16 @@ Redis Cluster (SPEC S1-S5, L8, L10)."""
 
 from __future__ import annotations
 
+import re
 import time
+import traceback
+import uuid
+from urllib.parse import quote
 
 import pytest
 import redis
 
-from dramatiq_unique import LockBackendError, RedisBackend, StubBackend
+from dramatiq_unique import InvalidBackendOptions, LockBackendError, RedisBackend, StubBackend
 from dramatiq_unique.backends import Holder
 
 
@@ -259,12 +263,71 @@ def test_redis_works_with_decoded_responses(redis_url):
     assert acquire(backend, "m2").holders == ("m1",)
 
 
+def printed(error: BaseException) -> str:
+    """All that a traceback of ``error`` shows: its text, and that of the errors it chains."""
+    return "".join(traceback.format_exception(error)) + repr(error)
+
+
 def test_redis_outage_raises_lock_backend_error_without_the_password():
     # S6 "raise" + S7: the error says what failed, never the credentials.
-    backend = RedisBackend(url="redis://:s3cret@127.0.0.1:1/0", socket_connect_timeout=0.2)
+    url = "redis://app:s3cret@127.0.0.1:1/0"
+    backend = RedisBackend(url=url, socket_connect_timeout=0.2)
     with pytest.raises(LockBackendError) as excinfo:
         acquire(backend, "m1")
-    assert "s3cret" not in str(excinfo.value)
+    assert "s3cret" not in printed(excinfo.value) and url not in printed(excinfo.value)
+    assert "s3cret" not in repr(backend) and "s3cret" not in repr(backend.client)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:Zm9vYmFy/cXV4+eg==@cache.internal:6379/0",
+        "rediss://app:pa55#w0rd@cache.internal:6380/1",
+        "redis://:what?ever@cache.internal:6379",
+        "redis://:24680/q8Zx@cache.internal:6379/0",  # redis-py silently reads this as localhost:24680
+        "unix://:p4ss/w0rd@/run/redis.sock",  # ... and this as the socket /w0rd@/run/redis.sock
+    ],
+)
+def test_a_url_whose_password_holds_a_delimiter_fails_without_quoting_it(url):
+    # S7: redis-py's parse error quotes the start of such a password; ours says what to do instead.
+    password = url.partition("://")[2].rpartition("@")[0].partition(":")[2]
+    with pytest.raises(InvalidBackendOptions) as excinfo:
+        RedisBackend(url=url)
+    assert isinstance(excinfo.value, ValueError)
+    assert "percent-encode" in str(excinfo.value).lower() and "password=" in str(excinfo.value)
+    for secret in [url, password, *re.split("[/#?]", password)]:
+        assert secret not in printed(excinfo.value)
+
+
+def test_a_url_redis_cannot_parse_fails_without_quoting_it():
+    # S7: whatever redis-py's parser complains about, its text is left out.
+    for url, problem in [
+        ("http://:pw@cache.internal", "redis://, rediss:// or unix://"),
+        ("redis://:pw0rd@cache.internal:63x9/0", "cannot parse"),
+    ]:
+        with pytest.raises(InvalidBackendOptions, match=problem) as excinfo:
+            RedisBackend(url=url)
+        assert "pw" not in printed(excinfo.value) and "63x9" not in printed(excinfo.value)
+
+
+def test_a_percent_encoded_password_or_one_passed_apart_works(redis_client, redis_server):
+    # S7: an ACL user whose password holds '/', '#' and '?' connects both ways.
+    user, password = f"u{uuid.uuid4().hex[:8]}", "Zm9v/YmFy#cXV4?eg=="
+    redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"])
+    address = f"{redis_server.host}:{redis_server.port}"
+    try:
+        for backend in (
+            RedisBackend(url=f"redis://{user}:{quote(password, safe='')}@{address}/0"),
+            RedisBackend(url=f"redis://{user}@{address}/0", password=password),
+        ):
+            assert acquire(backend, "m1").acquired
+            assert backend.release(KEY, "m1")
+    finally:
+        redis_client.acl_deluser(user)
+    # A socket path may hold an '@'.
+    assert RedisBackend(url="unix:///run/redis@main.sock").client.connection_pool.connection_kwargs["path"] == (
+        "/run/redis@main.sock"
+    )
 
 
 # Leases, the worker registry and the reaper's operations (SPEC R1-R4, S2) ---------

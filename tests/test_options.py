@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
@@ -10,6 +12,8 @@ from dramatiq.middleware import TimeLimit
 from dramatiq_unique import InvalidLockOptions, LockArgumentsError, StubBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.digest import compute_digest
 from dramatiq_unique.keys import enqueue_key
+
+from .support import unique_warnings
 
 
 @pytest.mark.parametrize(
@@ -210,3 +214,142 @@ def test_while_executing_checks_lock_arguments_at_send(env):
     with pytest.raises(LockArgumentsError, match="'sync'"):
         sync.send(42)
     assert enqueue_outcome(sync.send({"id": 42})).digest is not None
+
+
+# The digest accepts what Dramatiq's JSON encoder accepts (issue 9, item 1) --------------------
+
+
+def digest_of(lock_args) -> str:
+    flags = {"unique_across_actors": False, "unique_across_queues": False}
+    return compute_digest(actor_name="sync", queue_name="default", lock_args=lock_args, **flags)
+
+
+def test_digests_of_ordinary_arguments_are_unchanged():
+    # D1: ordinary arguments keep the digests of earlier versions, so an upgrade keeps the locks it finds.
+    assert digest_of([[42, "2026-11-29"], {}]) == "622407cb60383753e77d2ea893632864d976b555fa1d79228f1348bfe5091514"
+    assert (
+        digest_of([[{"b": [1, 2.5, None, True], "a": "é ü 😀"}], {"at": "09:00", "n": -3}])
+        == "b6abc42985272be2d757a8be52a469eb111127a86f4f01ba7f303de1fb571686"
+    )
+    assert (
+        digest_of([(10**30, 1e-7, -0.0, "\u2028"), {"z": {"y": [], "x": {}}}])
+        == "d98546a377fa5713acd87701bd9b6f3774a6f7c9792db3340ef37da3020ffd5d"
+    )
+
+
+def test_the_digest_is_that_of_the_arguments_a_worker_receives():
+    # D1: values that Dramatiq encodes to the same JSON arrive at the worker identical: one job.
+    assert digest_of({1: "a", "b": 2}) == digest_of({"1": "a", "b": 2}) == digest_of({"b": 2, 1: "a"})
+    assert digest_of({10: "a", 2: "b"}) == digest_of({"10": "a", "2": "b"})
+    assert digest_of({True: 1, None: 2, 1.5: 3}) == digest_of({"true": 1, "null": 2, "1.5": 3})
+    assert digest_of("\ud83d\ude00") == digest_of("😀")  # a surrogate pair is decoded as one character
+    # Distinct values stay distinct, lone surrogates included.
+    distinct = ["\udcff", "\udcfe", "\\udcff", "\ufffd", "", float("nan"), float("inf"), -float("inf"), None]
+    assert len({digest_of(value) for value in distinct}) == len(distinct)
+    assert digest_of({1: "a"}) != digest_of({1: "b"}) and digest_of([1]) != digest_of(["1"])
+
+
+def test_arguments_with_a_lone_surrogate_are_locked(env):
+    # D1 + D6: os.fsdecode() of a non-UTF-8 file name gives a lone surrogate, which Dramatiq
+    # encodes (as \udcff): the message is locked like any other, so its duplicate never runs.
+    runs = []
+
+    @env.actor(lock="until_executed")
+    def index(path):
+        runs.append(path)
+
+    path, other = os.fsdecode(b"report-\xff.csv"), os.fsdecode(b"report-\xfe.csv")
+    assert enqueue_outcome(index.send(path)).enqueued
+    assert not enqueue_outcome(index.send(path)).enqueued
+    assert enqueue_outcome(index.send(other)).enqueued
+    env.worker()
+    env.join(index)
+    assert sorted(runs) == sorted([path, other])
+
+
+def test_dicts_with_mixed_keys_are_locked(env):
+    # D1: Dramatiq encodes {1: "a", "b": 2} as {"1": "a", "b": 2}: a worker cannot tell them apart.
+    runs = []
+
+    @env.actor(lock="until_executed")
+    def job(mapping):
+        runs.append(mapping)
+
+    assert enqueue_outcome(job.send({1: "a", "b": 2})).enqueued
+    assert not enqueue_outcome(job.send({"b": 2, 1: "a"})).enqueued
+    assert not enqueue_outcome(job.send({"1": "a", "b": 2})).enqueued
+    assert enqueue_outcome(job.send({1: "z", "b": 2})).enqueued
+    env.worker()
+    env.join(job)
+    assert sorted(run["1"] for run in runs) == ["a", "z"]
+
+
+class _Exploding(dict):
+    def items(self):
+        raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize(
+    ("argument", "cause"),
+    [({1, 2}, "not JSON-serialisable"), (_Exploding(a=1), "RuntimeError: boom")],
+)
+def test_arguments_dramatiq_cannot_encode_fail_the_send_and_enqueue_nothing(env, argument, cause):
+    # D6: a clear LockArgumentsError naming the actor and the cause, not a raw error from the encoder.
+    @env.actor(lock="until_executed")
+    def job(value):
+        pass
+
+    with pytest.raises(LockArgumentsError, match=f"'job'.*{cause}"):
+        job.send(argument)
+    assert env.waiting(job) == 0
+
+
+# Message options (issue 9, item 6) -------------------------------------------------------------
+
+
+def test_lock_args_method_cannot_be_sent_with_a_message(env):
+    # D5 + D6: a clear error naming the actor and the option, not the encoder's raw TypeError.
+    runs = []
+
+    @env.actor(lock="until_executed")
+    def job(x):
+        runs.append(x)
+
+    with pytest.raises(InvalidLockOptions) as excinfo:
+        job.send_with_options(args=(1,), lock_args_method=lambda x: [x])
+    text = str(excinfo.value)
+    assert "'job'" in text and "lock_args_method" in text and "on the actor" in text
+    assert env.waiting(job) == 0
+    assert enqueue_outcome(job.send(1)).enqueued  # and nothing was locked
+    env.worker()
+    env.join(job)
+    assert runs == [1]
+
+
+def test_a_misspelt_message_option_is_logged_once_with_the_right_name(env, caplog):
+    # D5: Dramatiq stores message options unchecked, so a misspelt lock option would be ignored silently.
+    class Concurrency(dramatiq.Middleware):
+        actor_options = {"locks"}
+
+    env.broker.add_middleware(Concurrency())
+
+    @env.actor(lock="until_executed")
+    def job(x):
+        pass
+
+    @env.actor(lock="until_executed")
+    def other(x):
+        pass
+
+    for x in range(3):
+        assert enqueue_outcome(job.send_with_options(args=(x,), lock_tll=5000)).enqueued
+    other.send_with_options(args=(1,), lock_tll=5000)
+    # Options of other middleware, declared or not, and options not close to ours are not ours to judge.
+    job.send_with_options(args=(9,), max_retries=0, time_limit=1000, locks=2, tenant="acme", clock="utc", delay=10)
+    job.send_with_options(args=(10,), on_conflcit="raise")
+
+    warnings = unique_warnings(caplog)
+    assert len(warnings) == 3, warnings
+    assert "'job'" in warnings[0] and "'lock_tll'" in warnings[0] and "'lock_ttl'" in warnings[0]
+    assert "'other'" in warnings[1] and "'lock_tll'" in warnings[1]
+    assert "'on_conflcit'" in warnings[2] and "'on_conflict'" in warnings[2]

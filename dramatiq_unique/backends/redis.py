@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import time
 from importlib import resources
 from typing import Any
 
 import redis
 
-from ..errors import LockBackendError
+from ..errors import InvalidBackendOptions, LockBackendError
 from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord
 
 #: The Lua functions every script starts with.
@@ -35,8 +36,14 @@ class RedisBackend(LockBackend):
       client(Redis): An optional client, e.g. a ``RedisCluster``. If this is
         passed, then all other parameters are ignored.
       url(str): An optional connection URL, e.g. ``rediss://user:password@host:6379/1``.
+        A password that holds ``/``, ``#``, ``?``, ``@`` or ``%`` must be
+        percent-encoded, or left out of the URL and passed as ``password``.
       **parameters: Connection parameters passed to :class:`redis.Redis`, or
         added to those of the URL (e.g. ``socket_timeout``).
+
+    Raises:
+      InvalidBackendOptions: A ``ValueError``, if the URL cannot be used. Its
+        message quotes no part of the URL.
 
     .. _Redis: https://redis.io
     """
@@ -49,7 +56,7 @@ class RedisBackend(LockBackend):
 
     def __init__(self, *, client: redis.Redis | None = None, url: str | None = None, **parameters: Any):
         if client is None:
-            client = redis.Redis.from_url(url, **parameters) if url else redis.Redis(**parameters)
+            client = _client_from_url(url, parameters) if url else redis.Redis(**parameters)
         self.client = client
         self._acquire = self.client.register_script(_script_source("acquire"))
         self._release = self.client.register_script(_script_source("release"))
@@ -191,6 +198,37 @@ class RedisBackend(LockBackend):
                 time.sleep(0.05)
             except redis.RedisError as e:
                 raise _backend_error(e) from e
+
+
+def _client_from_url(url: str, parameters: dict[str, Any]) -> redis.Redis:
+    # No error may quote the URL (SPEC S7): urllib reads the text after the first ':' of a
+    # password that holds '/', '#' or '?' as a port, and its error quotes it.
+    scheme, _, rest = url.partition("://")
+    if scheme not in ("redis", "rediss", "unix"):
+        raise InvalidBackendOptions(_url_error("it must start with redis://, rediss:// or unix://"))
+    # Such a password ends the authority early, which leaves its '@' further on; redis-py may
+    # even accept the rest, as another host, port or socket path.
+    authority = re.split("[/?#]", rest, maxsplit=1)[0]
+    if authority and "@" not in authority and "@" in rest[len(authority) :]:
+        problem = "an '@' follows its host part, so its password or username holds '/', '#' or '?'"
+        raise InvalidBackendOptions(_url_error(problem))
+    try:
+        return redis.Redis.from_url(url, **parameters)
+    except ValueError:
+        raise InvalidBackendOptions(
+            _url_error(
+                "redis-py cannot parse it; it must look like redis://[[username]:password@]host[:port][/db], "
+                "rediss://... or unix://[[username]:password@]/path"
+            )
+        ) from None
+
+
+def _url_error(problem: str) -> str:
+    return (
+        f"RedisBackend cannot use its url: {problem} (the url is not quoted, as it may hold a password). "
+        "Percent-encode a password that holds '/', '#', '?', '@' or '%' (urllib.parse.quote(password, safe='')), "
+        "or leave it out of the url and pass it as RedisBackend(url=..., password=...)."
+    )
 
 
 def _backend_error(e: redis.RedisError) -> LockBackendError:
