@@ -8,10 +8,11 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
-from dramatiq import Broker, Message
+from dramatiq import Broker
 
 from .backends import Holder
 from .errors import InvalidLockOptions, LockBackendError
+from .outcome import AnyMessage
 
 if TYPE_CHECKING:
     from .liveness import Liveness
@@ -131,7 +132,7 @@ class CrashSafety:
 
     # Backend outages (SPEC S6) --------------------------------------------------
 
-    def _backend_failed(self, message: Message[Any], what: str, error: LockBackendError) -> None:
+    def _backend_failed(self, message: AnyMessage, what: str, error: LockBackendError) -> None:
         """Apply ``on_backend_error``: raise ``error``, or log a warning and let
         the message be ``what`` (enqueued, run) without its lock."""
         if self.on_backend_error != ALLOW:

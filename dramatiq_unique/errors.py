@@ -8,8 +8,13 @@ ignored while the message is enqueued or run anyway.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dramatiq import Retry
 from dramatiq.middleware import MiddlewareError
+
+if TYPE_CHECKING:
+    from .outcome import AnyMessage
 
 
 class UniqueError(MiddlewareError):
@@ -67,6 +72,6 @@ class EnqueueCancelled(UniqueError):
     :attr:`message`, whose :func:`enqueue_outcome` says what happened.
     """
 
-    def __init__(self, reason: str, message):
+    def __init__(self, reason: str, message: AnyMessage):
         super().__init__(reason)
         self.message = message

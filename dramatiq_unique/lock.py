@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from dramatiq import Message
 from dramatiq.common import q_name
 
 from .backends import Acquisition, Holder, LockBackend
@@ -18,7 +17,7 @@ from .errors import LockBackendError
 from .keys import enqueue_key, replaced_key, run_key
 from .liveness import worker_id
 from .options import LockConfig
-from .outcome import ENQUEUED, EnqueueOutcome, enqueue_outcome, has_followers, record_outcome
+from .outcome import ENQUEUED, AnyMessage, EnqueueOutcome, enqueue_outcome, has_followers, record_outcome
 
 if TYPE_CHECKING:
     from .liveness import Liveness
@@ -54,7 +53,7 @@ class MessageLock:
         *,
         backend: LockBackend,
         config: LockConfig,
-        message: Message[Any],
+        message: AnyMessage,
         digest: str,
         outcome: EnqueueOutcome,
         logger: logging.Logger,
@@ -89,7 +88,7 @@ class MessageLock:
         *,
         backend: LockBackend,
         config: LockConfig,
-        message: Message[Any],
+        message: AnyMessage,
         logger: logging.Logger,
         liveness: Liveness | None = None,
     ) -> MessageLock:
@@ -156,13 +155,21 @@ class MessageLock:
         # answer is lost, release_enqueue() still gives the place up.
         self.holds_enqueue = True
         holder = holder or self._holder("queued")
-        place = dict(limit=self.config.lock_limit, ttl=self.config.lock_ttl, holder=holder)
+        limit, ttl, extend = self.config.lock_limit, self.config.lock_ttl, delay or 0
         if may_replace and self.config.client_strategy.replaces_queued_holders:
             acquisition = self.backend.replace(
-                self.enqueue_key, self.message.message_id, replaced_key=self.replaced_key, extend=delay or 0, **place
+                self.enqueue_key,
+                self.message.message_id,
+                replaced_key=self.replaced_key,
+                limit=limit,
+                ttl=ttl,
+                holder=holder,
+                extend=extend,
             )
         else:
-            acquisition = self.backend.acquire(self.enqueue_key, self.message.message_id, extend=delay or 0, **place)
+            acquisition = self.backend.acquire(
+                self.enqueue_key, self.message.message_id, limit=limit, ttl=ttl, holder=holder, extend=extend
+            )
         self.holds_enqueue = acquisition.acquired
         if acquisition.acquired:
             self.enqueue_token = acquisition.token

@@ -6,10 +6,11 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from dramatiq import Broker, Message, Middleware
 from dramatiq.actor import Actor
+from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
 from dramatiq.logging import get_logger
 from dramatiq.middleware import Retries, SkipMessage
@@ -35,6 +36,7 @@ from .outcome import (
     REJECTED,
     RESCHEDULED,
     UNLOCKED,
+    AnyMessage,
     EnqueueOutcome,
     enqueue_outcome,
     has_followers,
@@ -119,7 +121,7 @@ class UniqueJobs(CrashSafety, Middleware):
         reaper_interval: int | None = DEFAULT_REAPER_INTERVAL,
         reaper_queue: str = "default",
     ):
-        self.logger = get_logger(__name__, type(self))
+        self.logger: logging.Logger = get_logger(__name__, type(self))  # type: ignore[no-untyped-call]
         self.backend = backend
         check_crash_options(
             lease_period=lease_period,
@@ -216,12 +218,13 @@ class UniqueJobs(CrashSafety, Middleware):
                 "Add it with broker.add_middleware(..., before=TimeLimit)."
             )
 
-    def _enqueue(self, enqueue: Callable[..., Message[Any]], message: Message[Any], delay: int | None):
+    def _enqueue(self, enqueue: Callable[..., Message[Any]], message: Message[Any], delay: int | None) -> Message[Any]:
         outer, self._local.taken = getattr(self._local, "taken", None), None
         try:
             return enqueue(message, delay=delay)
         except EnqueueCancelled as e:
-            return e.message
+            # Raised in before_enqueue, so about a message being sent, never a worker's proxy.
+            return cast("Message[Any]", e.message)
         except BaseException:
             taken = self._local.taken
             if taken is not None:
@@ -327,7 +330,7 @@ class UniqueJobs(CrashSafety, Middleware):
         return any(follower.get("message_id") == message.message_id for follower in followers)
 
     @staticmethod
-    def _strategy_for(message: Message[Any], strategy: ConflictStrategy) -> ConflictStrategy:
+    def _strategy_for(message: AnyMessage, strategy: ConflictStrategy) -> ConflictStrategy:
         # A group or a pipeline waits for this message: dropping it would leave the
         # group incomplete and stop the pipeline, so it waits for the lock instead.
         if strategy.drops_duplicates and has_followers(message):
@@ -399,7 +402,7 @@ class UniqueJobs(CrashSafety, Middleware):
 
     # Server side -------------------------------------------------------------
 
-    def before_process_message(self, broker: Broker, message: Message[Any]) -> None:
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._local.processing = None
         # Every message, locked or not: its pipeline's next step is enqueued from here.
         self._local.message = message
@@ -436,14 +439,14 @@ class UniqueJobs(CrashSafety, Middleware):
         _set_current_lock(lock.held())
 
     def after_process_message(
-        self, broker: Broker, message: Message[Any], *, result: Any = None, exception: BaseException | None = None
+        self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
     ) -> None:
         self._finish(message)
 
-    def after_skip_message(self, broker: Broker, message: Message[Any]) -> None:
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self._finish(message)
 
-    def _finish(self, message: Message[Any]) -> None:
+    def _finish(self, message: MessageProxy) -> None:
         _set_current_lock(None)
         self._local.message = None
         lock, self._local.processing = getattr(self._local, "processing", None), None
@@ -460,7 +463,7 @@ class UniqueJobs(CrashSafety, Middleware):
 
     # Helpers -----------------------------------------------------------------
 
-    def _config_for(self, message: Message[Any]) -> LockConfig | None:
+    def _config_for(self, message: AnyMessage) -> LockConfig | None:
         options, config = self._actors.get(message.actor_name, (self.defaults, self._default_config))
         overrides = {name: message.options[name] for name in MESSAGE_OPTIONS if name in message.options}
         if not overrides:
@@ -477,7 +480,7 @@ class UniqueJobs(CrashSafety, Middleware):
                 )
         return overridden
 
-    def _release(self, release: Callable[[], None], message: Message[Any], when: str) -> None:
+    def _release(self, release: Callable[[], None], message: AnyMessage, when: str) -> None:
         try:
             release()
         except LockBackendError as e:

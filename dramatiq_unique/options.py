@@ -6,9 +6,9 @@ import difflib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from dramatiq import Broker, Message
 
@@ -181,7 +181,7 @@ def _misspelt(name: str) -> str | None:
     return next((match for match in matches if match[0] == name[0]), None)
 
 
-def _choices(names) -> str:
+def _choices(names: Iterable[str]) -> str:
     return ", ".join(repr(name) for name in sorted(names))
 
 
@@ -190,7 +190,7 @@ class _Checker:
         self.subject = subject
         self.options = options
 
-    def fail(self, option: str, problem: str):
+    def fail(self, option: str, problem: str) -> NoReturn:
         raise InvalidLockOptions(f"{self.subject} has an invalid {option}={self.options[option]!r}: it {problem}.")
 
     def integer(self, option: str, *, minimum: int, optional: bool = False) -> None:

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dramatiq import Message
+from dramatiq.broker import MessageProxy
+
+#: A message as sent (``Message``) or as a worker processes it (``MessageProxy``).
+AnyMessage = Message[Any] | MessageProxy
 
 #: The message option that carries the outcome of the enqueue lock. It travels
 #: with the message, so the worker knows the digest and that it holds the lock.
@@ -65,7 +69,7 @@ class EnqueueOutcome:
         return self.status in (ENQUEUED, UNLOCKED)
 
 
-def enqueue_outcome(message: Message[Any]) -> EnqueueOutcome:
+def enqueue_outcome(message: AnyMessage) -> EnqueueOutcome:
     """Tell what ``send()`` did with the message it returned.
 
     Examples:
@@ -93,12 +97,12 @@ def enqueue_outcome(message: Message[Any]) -> EnqueueOutcome:
     )
 
 
-def has_followers(message: Message[Any]) -> bool:
+def has_followers(message: AnyMessage) -> bool:
     """Whether a pipeline's next step or a group's completion callbacks wait for the message."""
     return any(message.options.get(name) for name in _FOLLOWER_OPTIONS)
 
 
-def record_outcome(message: Message[Any], outcome: EnqueueOutcome) -> None:
+def record_outcome(message: AnyMessage, outcome: EnqueueOutcome) -> None:
     """Write ``outcome`` into the message's options."""
     recorded: dict[str, Any] = {"status": outcome.status, "digest": outcome.digest, "holder": outcome.holder}
     for name in ("token", "expires_at", "replaced", "reason"):

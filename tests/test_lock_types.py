@@ -197,14 +197,21 @@ def test_until_and_while_executing_allows_one_queued_and_one_running(env):
 
     first = rebuild.send("users")
     assert not enqueue_outcome(rebuild.send("users")).enqueued
-    env.worker(threads=4)
+    worker = env.worker(threads=4)
     wait_for(lambda: gate.count("users") == 1)
     digest = enqueue_outcome(first).digest
     assert env.is_free(digest)  # the enqueue lock was given up at start...
     assert not env.is_free(digest, run=True)  # ...for the run lock
+    consumers = list(worker.consumers.values())
+    for consumer in consumers:  # the queued copy stays queued until the next send has met its lock
+        consumer.pause()
+    for consumer in consumers:
+        consumer.paused_event.wait()
     queued = rebuild.send("users")
     assert enqueue_outcome(queued).enqueued
     assert not enqueue_outcome(rebuild.send("users")).enqueued
+    for consumer in consumers:
+        consumer.resume()
     env.wait_for_skips(1)  # the queued copy reached a worker thread and met the run lock
     gate.open()
     env.join(rebuild)

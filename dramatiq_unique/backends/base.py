@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import json
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class LockRecord:
     expires_at: int | None
     token: int
     acquired_at: int
-    holder: dict
+    holder: dict[str, Any]
 
     @classmethod
     def parse(cls, key: str, owner: str, record: str) -> LockRecord:

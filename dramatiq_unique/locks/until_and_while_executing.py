@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import LockType
+
+if TYPE_CHECKING:
+    from ..backends import Acquisition
+    from ..lock import MessageLock
 
 
 class UntilAndWhileExecuting(LockType):
@@ -13,5 +19,5 @@ class UntilAndWhileExecuting(LockType):
 
     name = "until_and_while_executing"
 
-    def start(self, lock):
+    def start(self, lock: MessageLock) -> Acquisition | None:
         return lock.swap_enqueue_for_run()

@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import LockType
+
+if TYPE_CHECKING:
+    from ..backends import Acquisition
+    from ..lock import MessageLock
 
 
 class UntilExecuting(LockType):
@@ -12,6 +18,6 @@ class UntilExecuting(LockType):
 
     name = "until_executing"
 
-    def start(self, lock):
+    def start(self, lock: MessageLock) -> Acquisition | None:
         lock.start_releasing_enqueue()
         return None

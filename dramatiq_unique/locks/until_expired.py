@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import LockType
+
+if TYPE_CHECKING:
+    from ..backends import Acquisition
+    from ..lock import MessageLock
 
 
 class UntilExpired(LockType):
@@ -9,10 +15,10 @@ class UntilExpired(LockType):
     name = "until_expired"
     requires_ttl = True
 
-    def start(self, lock):
+    def start(self, lock: MessageLock) -> Acquisition | None:
         lock.start_holding_enqueue()
         return None
 
-    def end(self, lock, *, requeued):
+    def end(self, lock: MessageLock, *, requeued: bool) -> None:
         # The lock is never given up: only its TTL ends it.
         return None

@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import LockType
+
+if TYPE_CHECKING:
+    from ..backends import Acquisition
+    from ..lock import MessageLock
 
 
 class WhileExecuting(LockType):
@@ -12,5 +18,5 @@ class WhileExecuting(LockType):
     name = "while_executing"
     locks_at_enqueue = False
 
-    def start(self, lock):
+    def start(self, lock: MessageLock) -> Acquisition | None:
         return lock.acquire_run()

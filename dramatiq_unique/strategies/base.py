@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, ClassVar
 
-from dramatiq import Broker, Message
+from dramatiq import Broker
+
+from ..outcome import AnyMessage
 
 if TYPE_CHECKING:
     from ..lock import MessageLock
@@ -32,7 +34,7 @@ class Conflict:
     """
 
     broker: Broker
-    message: Message[Any]
+    message: AnyMessage
     lock: MessageLock
     holders: tuple[str, ...]
     side: str
@@ -88,10 +90,10 @@ class ConflictStrategy:
     #: see the error, so the duplicate is rescheduled instead.
     fails_send: ClassVar[bool] = False
 
-    def on_client_conflict(self, conflict: Conflict) -> NoReturn:
+    def on_client_conflict(self, conflict: Conflict) -> None:
         """Resolve a conflict found when the duplicate was sent."""
         raise TypeError(f"The {self.name!r} strategy cannot be used on the client side.")
 
-    def on_server_conflict(self, conflict: Conflict) -> NoReturn:
+    def on_server_conflict(self, conflict: Conflict) -> None:
         """Resolve a conflict found when the duplicate was about to run."""
         raise TypeError(f"The {self.name!r} strategy cannot be used on the server side.")

@@ -6,7 +6,7 @@ from dramatiq.middleware import SkipMessage
 
 from ..errors import EnqueueCancelled
 from ..outcome import DUPLICATE, EnqueueOutcome, record_outcome
-from .base import ConflictStrategy
+from .base import Conflict, ConflictStrategy
 
 
 class Log(ConflictStrategy):
@@ -20,12 +20,12 @@ class Log(ConflictStrategy):
     name = "log"
     drops_duplicates = True
 
-    def on_client_conflict(self, conflict):
+    def on_client_conflict(self, conflict: Conflict) -> None:
         message = conflict.message
         conflict.log(logging.INFO, "was not enqueued", self.name)
         record_outcome(message, EnqueueOutcome(status=DUPLICATE, digest=conflict.digest, holder=conflict.holders[0]))
         raise EnqueueCancelled("The message is a duplicate and was not enqueued.", message)
 
-    def on_server_conflict(self, conflict):
+    def on_server_conflict(self, conflict: Conflict) -> None:
         conflict.log(logging.INFO, "was dropped without running", self.name)
         raise SkipMessage("The message is a duplicate of a running message.")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import logging
 
 from ..errors import DuplicateMessage, LockConflict
-from .base import ConflictStrategy
+from .base import Conflict, ConflictStrategy
 
 
 class Raise(ConflictStrategy):
@@ -18,16 +18,16 @@ class Raise(ConflictStrategy):
     name = "raise"
     fails_send = True
 
-    def on_client_conflict(self, conflict):
+    def on_client_conflict(self, conflict: Conflict) -> None:
         conflict.log(logging.INFO, "was not enqueued", self.name)
         raise DuplicateMessage(self._reason(conflict), digest=conflict.digest, holder=conflict.holders[0])
 
-    def on_server_conflict(self, conflict):
+    def on_server_conflict(self, conflict: Conflict) -> None:
         conflict.log(logging.INFO, "will be retried", self.name)
         raise LockConflict(self._reason(conflict), digest=conflict.digest, holder=conflict.holders[0])
 
     @staticmethod
-    def _reason(conflict) -> str:
+    def _reason(conflict: Conflict) -> str:
         return (
             f"Lock {conflict.digest!r} of actor {conflict.message.actor_name!r} "
             f"is held by message {conflict.holders[0]!r}."

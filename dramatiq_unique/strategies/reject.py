@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from dramatiq import Message
+from dramatiq.broker import MessageProxy
 from dramatiq.middleware import SkipMessage
 
-from ..outcome import REJECTED, EnqueueOutcome, enqueue_outcome, record_outcome
-from .base import ConflictStrategy
+from ..outcome import REJECTED, AnyMessage, EnqueueOutcome, enqueue_outcome, record_outcome
+from .base import Conflict, ConflictStrategy
 
 
 class Reject(ConflictStrategy):
@@ -21,11 +20,11 @@ class Reject(ConflictStrategy):
 
     name = "reject"
 
-    def on_client_conflict(self, conflict):
+    def on_client_conflict(self, conflict: Conflict) -> None:
         conflict.log(logging.WARNING, "goes to the dead-letter queue", self.name)
         mark_rejected(conflict.message, conflict, "lock held at enqueue")
 
-    def on_server_conflict(self, conflict):
+    def on_server_conflict(self, conflict: Conflict) -> None:
         message = conflict.message
         conflict.log(logging.WARNING, "goes to the dead-letter queue", self.name)
         # The dead-letter queue keeps the payload as it was enqueued, so the
@@ -37,7 +36,7 @@ class Reject(ConflictStrategy):
         raise SkipMessage("The message was rejected as a duplicate.")
 
 
-def mark_rejected(message: Message[Any], conflict, reason: str) -> None:
+def mark_rejected(message: AnyMessage, conflict: Conflict, reason: str) -> None:
     record_outcome(
         message,
         EnqueueOutcome(
@@ -50,7 +49,7 @@ def mark_rejected(message: Message[Any], conflict, reason: str) -> None:
     )
 
 
-def dead_letter_if_rejected(message, logger) -> None:
+def dead_letter_if_rejected(message: MessageProxy, logger: logging.Logger) -> None:
     """In the worker: a message marked rejected goes to the dead-letter queue unrun."""
     outcome = enqueue_outcome(message)
     if outcome.status == REJECTED:

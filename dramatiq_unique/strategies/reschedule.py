@@ -8,7 +8,7 @@ from dramatiq.middleware import SkipMessage
 
 from ..errors import EnqueueCancelled
 from ..outcome import RESCHEDULED, EnqueueOutcome, enqueue_outcome, record_outcome
-from .base import ConflictStrategy
+from .base import Conflict, ConflictStrategy
 from .reject import Reject
 
 
@@ -21,7 +21,7 @@ class Reschedule(ConflictStrategy):
 
     name = "reschedule"
 
-    def on_client_conflict(self, conflict):
+    def on_client_conflict(self, conflict: Conflict) -> None:
         message, config = conflict.message, conflict.lock.config
         reschedules = enqueue_outcome(message).reschedules + 1
         if self._exhausted(conflict, reschedules):
@@ -42,7 +42,7 @@ class Reschedule(ConflictStrategy):
         )
         raise EnqueueCancelled("The message was rescheduled.", rescheduled)
 
-    def on_server_conflict(self, conflict):
+    def on_server_conflict(self, conflict: Conflict) -> None:
         message, config = conflict.message, conflict.lock.config
         outcome = enqueue_outcome(message)
         reschedules = outcome.reschedules + 1
@@ -55,12 +55,12 @@ class Reschedule(ConflictStrategy):
         conflict.broker.enqueue(again, delay=config.reschedule_delay)
         raise SkipMessage("The message was rescheduled.")
 
-    def _log(self, conflict, reschedules: int) -> None:
+    def _log(self, conflict: Conflict, reschedules: int) -> None:
         delay = conflict.lock.config.reschedule_delay
         conflict.log(logging.INFO, f"is rescheduled in {delay} ms (reschedule {reschedules})", self.name)
 
     @staticmethod
-    def _exhausted(conflict, reschedules: int) -> bool:
+    def _exhausted(conflict: Conflict, reschedules: int) -> bool:
         limit = conflict.lock.config.max_reschedules
         if limit is None or reschedules <= limit:
             return False
