@@ -11,6 +11,8 @@ demo: $(VENV)/.demo
 
 test: $(VENV)/.test
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict -p dramatiq_unique
+	$(VENV)/bin/mypy --strict tests/typing/user_code.py
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.test

@@ -1,7 +1,7 @@
 """Job-uniqueness locks for Dramatiq."""
 
 from .backends import LockBackend, RedisBackend, StubBackend
-from .current import HeldLock, current_lock
+from .current import HeldLock, current_lock, require_current_lock
 from .errors import (
     DuplicateMessage,
     EnqueueCancelled,
@@ -10,6 +10,7 @@ from .errors import (
     LockArgumentsError,
     LockBackendError,
     LockConflict,
+    NoLockHeld,
     UniqueError,
 )
 from .middleware import UniqueJobs
@@ -30,6 +31,7 @@ __all__ = [
     # Inside and around actors
     "HeldLock",
     "current_lock",
+    "require_current_lock",
     "EnqueueOutcome",
     "enqueue_outcome",
     # Crash safety
@@ -43,6 +45,7 @@ __all__ = [
     "LockBackendError",
     "DuplicateMessage",
     "LockConflict",
+    "NoLockHeld",
     "EnqueueCancelled",
 ]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextvars
 from dataclasses import dataclass
 
+from .errors import NoLockHeld
+
 
 @dataclass(frozen=True)
 class HeldLock:
@@ -35,13 +37,35 @@ def current_lock() -> HeldLock | None:
       >>> @dramatiq.actor(lock="while_executing")
       ... def sync_account_balance(account_id):
       ...     lock = current_lock()
-      ...     ledger.write(account_id, balance, fencing_token=lock.token)
+      ...     if lock is not None:
+      ...         ledger.write(account_id, balance, fencing_token=lock.token)
 
     Returns:
       HeldLock: ``None`` outside an actor, for an actor without a lock, and
       for ``until_executing``, whose lock is given up before the actor runs.
     """
     return _current.get()
+
+
+def require_current_lock() -> HeldLock:
+    """Return the lock held by the message the calling actor is running,
+    for code that must not run without it.
+
+    Examples:
+      >>> @dramatiq.actor(lock="while_executing")
+      ... def sync_account_balance(account_id):
+      ...     ledger.write(account_id, balance, fencing_token=require_current_lock().token)
+
+    Raises:
+      NoLockHeld: Where :func:`current_lock` returns ``None``.
+    """
+    lock = _current.get()
+    if lock is None:
+        raise NoLockHeld(
+            "No lock is held here: require_current_lock() works inside an actor whose message holds its lock "
+            "while it runs (every lock type but until_executing)."
+        )
+    return lock
 
 
 def _set_current_lock(lock: HeldLock | None) -> None:

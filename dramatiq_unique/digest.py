@@ -29,10 +29,7 @@ def lock_arguments(
     try:
         return lock_args_method(*args, **kwargs)
     except Exception as e:
-        raise LockArgumentsError(
-            f"The lock_args_method of actor {actor_name!r} raised {type(e).__name__}: {e}. "
-            "The message was not enqueued and no lock was taken."
-        ) from e
+        raise LockArgumentsError(f"The lock_args_method of actor {actor_name!r} raised {type(e).__name__}: {e}.") from e
 
 
 def compute_digest(
@@ -68,8 +65,7 @@ def compute_digest(
 def _arguments_error(actor_name: str, problem: str, cause: Exception) -> LockArgumentsError:
     return LockArgumentsError(
         f"The lock arguments of actor {actor_name!r} {problem} ({type(cause).__name__}: {cause}): "
-        "the message's arguments, or what its lock_args_method returns, must be plain JSON values. "
-        "The message was not enqueued and no lock was taken."
+        "the message's arguments, or what its lock_args_method returns, must be plain JSON values."
     )
 
 

@@ -65,6 +65,10 @@ class LockConflict(UniqueError, Retry):
         self.holder = holder
 
 
+class NoLockHeld(UniqueError, LookupError):
+    """Raised by :func:`~dramatiq_unique.require_current_lock` where the running code holds no lock."""
+
+
 class EnqueueCancelled(UniqueError):
     """Raised inside ``before_enqueue`` to stop an enqueue that ``send()`` then reports as not enqueued.
 

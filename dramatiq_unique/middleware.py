@@ -260,7 +260,8 @@ class UniqueJobs(CrashSafety, Middleware):
             )
         except LockArgumentsError as e:
             if not internal:
-                raise  # bad lock arguments fail the send for every lock type (D6)
+                # Bad lock arguments fail the send for every lock type (D6).
+                raise LockArgumentsError(f"{e} The message was not enqueued and no lock was taken.") from e.__cause__
             self.logger.error(
                 "Message %r of actor %r is enqueued without a lock: %s", message.message_id, message.actor_name, e
             )
@@ -351,7 +352,12 @@ class UniqueJobs(CrashSafety, Middleware):
         )
         outcome = enqueue_outcome(message)
         again = message.copy(queue_name=q_name(message.queue_name))
-        record_outcome(again, EnqueueOutcome(status=RESCHEDULED, digest=lock.digest, reschedules=outcome.reschedules))
+        record_outcome(
+            again,
+            EnqueueOutcome(
+                status=RESCHEDULED, holder=message.message_id, digest=lock.digest, reschedules=outcome.reschedules
+            ),
+        )
         raise EnqueueCancelled("The message tries its lock again later.", broker.enqueue(again, delay=wait))
 
     @staticmethod

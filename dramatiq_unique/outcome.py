@@ -41,9 +41,10 @@ class EnqueueOutcome:
         the lock again after ``reschedule_delay``) or ``"unlocked"`` (enqueued
         without its lock because the lock backend failed and
         ``on_backend_error`` is ``"allow"``).
-      digest(str): The lock's digest; ``None`` when the actor has no lock.
       holder(str): The message_id that holds the lock: the message itself when
-        it was enqueued, the earlier message otherwise.
+        it was enqueued (or when the lock backend could not tell), the earlier
+        message otherwise.
+      digest(str): The lock's digest; ``None`` when the actor has no lock.
       token(int): The fencing token of the enqueue lock, when enqueued.
       expires_at(int): When the enqueue lock lapses (ms of the backend's clock),
         ``None`` when it does not.
@@ -54,8 +55,8 @@ class EnqueueOutcome:
     """
 
     status: str
+    holder: str
     digest: str | None = None
-    holder: str | None = None
     token: int | None = None
     expires_at: int | None = None
     replaced: str | None = None
@@ -82,13 +83,12 @@ def enqueue_outcome(message: AnyMessage) -> EnqueueOutcome:
     reports ``"enqueued"`` with no digest.
     """
     recorded = message.options.get(OUTCOME_OPTION)
-    if not recorded:
+    if not isinstance(recorded, dict) or not recorded.get("status"):
         return EnqueueOutcome(status=ENQUEUED, holder=message.message_id)
-    status = recorded["status"]
     return EnqueueOutcome(
-        status=status,
-        digest=recorded["digest"],
-        holder=recorded["holder"],
+        status=recorded["status"],
+        digest=recorded.get("digest"),
+        holder=recorded.get("holder") or message.message_id,
         token=recorded.get("token"),
         expires_at=recorded.get("expires_at"),
         replaced=recorded.get("replaced"),

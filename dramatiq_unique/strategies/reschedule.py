@@ -26,7 +26,8 @@ class Reschedule(ConflictStrategy):
         reschedules = enqueue_outcome(message).reschedules + 1
         if self._exhausted(conflict, reschedules):
             return Reject().on_client_conflict(conflict)
-        self._log(conflict, reschedules)
+        delay = max(conflict.delay or 0, config.reschedule_delay)
+        self._log(conflict, reschedules, delay)
         record_outcome(
             message,
             EnqueueOutcome(
@@ -36,10 +37,7 @@ class Reschedule(ConflictStrategy):
         # A message recorded as rescheduled passes before_enqueue while it
         # goes to the delay queue, and tries the lock again when it is due,
         # but never before the delay it was sent with.
-        rescheduled = conflict.broker.enqueue(
-            message.copy(queue_name=q_name(message.queue_name)),
-            delay=max(conflict.delay or 0, config.reschedule_delay),
-        )
+        rescheduled = conflict.broker.enqueue(message.copy(queue_name=q_name(message.queue_name)), delay=delay)
         raise EnqueueCancelled("The message was rescheduled.", rescheduled)
 
     def on_server_conflict(self, conflict: Conflict) -> None:
@@ -48,15 +46,14 @@ class Reschedule(ConflictStrategy):
         reschedules = outcome.reschedules + 1
         if self._exhausted(conflict, reschedules):
             return Reject().on_server_conflict(conflict)
-        self._log(conflict, reschedules)
+        self._log(conflict, reschedules, config.reschedule_delay)
         # The copy keeps the message_id, so it keeps the enqueue lock the message holds.
         again = message.copy()
         record_outcome(again, dataclasses.replace(outcome, reschedules=reschedules))
         conflict.broker.enqueue(again, delay=config.reschedule_delay)
         raise SkipMessage("The message was rescheduled.")
 
-    def _log(self, conflict: Conflict, reschedules: int) -> None:
-        delay = conflict.lock.config.reschedule_delay
+    def _log(self, conflict: Conflict, reschedules: int, delay: int) -> None:
         conflict.log(logging.INFO, f"is rescheduled in {delay} ms (reschedule {reschedules})", self.name)
 
     @staticmethod

@@ -1,0 +1,50 @@
+"""User code that must pass ``mypy --strict`` against the package (``make test`` checks it):
+the README's examples, with what they leave out filled in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dramatiq
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import TimeLimit
+
+from dramatiq_unique import (
+    EnqueueOutcome,
+    HeldLock,
+    StubBackend,
+    UniqueJobs,
+    current_lock,
+    enqueue_outcome,
+    require_current_lock,
+)
+
+broker = StubBroker()
+broker.add_middleware(UniqueJobs(backend=StubBackend()), before=TimeLimit)
+dramatiq.set_broker(broker)
+
+settled: dict[str, int] = {}
+
+
+def lock_on_event(event_id: str, payload: dict[str, Any] | None = None) -> list[str]:
+    return [event_id]
+
+
+@dramatiq.actor(queue_name="payments", lock="until_executed", lock_args_method=lock_on_event)
+def settle_payment(event_id: str, payload: dict[str, Any] | None = None) -> None:
+    lock: HeldLock = require_current_lock()
+    settled[event_id] = lock.token
+
+
+@dramatiq.actor(lock="while_executing", on_conflict="reschedule")
+def sync_account_balance(account_id: int) -> None:
+    lock = current_lock()
+    if lock is not None:
+        settled[str(account_id)] = lock.token
+
+
+def send_twice() -> tuple[bool, str]:
+    message = settle_payment.send("evt_123", {"amount": 100})
+    again: EnqueueOutcome = enqueue_outcome(settle_payment.send("evt_123", {"amount": 100}))
+    holder: str = again.holder
+    return enqueue_outcome(message).enqueued and not again.enqueued, holder
