@@ -287,6 +287,9 @@ def test_scan_visits_every_lock_in_bounded_steps(backend):
     acquire(backend, "t0", key="dramatiq-unique:{d0}:run")
     acquire(backend, "x", key="other-prefix:{d0}")
     backend.heartbeat("dramatiq-unique:workers", "w1")  # not a lock: never listed
+    # Nor is the set of replaced messages beside a digest's locks (issue 8, defect 1).
+    acquire(backend, "m1", key=KEY)
+    assert backend.replace(KEY, "m2", replaced_key=REPLACED_KEY, limit=1, ttl=None, holder=holder("m2")).replaced
     cursor, seen, steps = "0", [], 0
     while True:
         cursor, records = backend.scan("dramatiq-unique", cursor, 5)
@@ -296,7 +299,12 @@ def test_scan_visits_every_lock_in_bounded_steps(backend):
             break
     assert steps >= 3
     assert {(r.key, r.owner) for r in seen} == {(f"dramatiq-unique:{{d{i}}}", f"m{i}") for i in range(25)} | {
-        ("dramatiq-unique:{d0}:run", "t0")
+        ("dramatiq-unique:{d0}:run", "t0"),
+        (KEY, "m2"),
+    }
+    assert {r.key: r.kind for r in seen if r.key in (KEY, "dramatiq-unique:{d0}:run")} == {
+        KEY: "enqueue",
+        "dramatiq-unique:{d0}:run": "run",
     }
     record = next(r for r in seen if r.owner == "m3")
     assert record.holder["message_id"] == "m3" and record.holder["state"] == "queued"

@@ -14,6 +14,8 @@ import abc
 import json
 from dataclasses import asdict, dataclass
 
+from ..keys import ENQUEUE, RUN, lock_kind
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -66,6 +68,11 @@ class LockRecord:
     token: int
     acquired_at: int
     holder: dict
+
+    @property
+    def kind(self) -> str:
+        """``"enqueue"`` or ``"run"``: which lock of its digest the place is in, told by the key."""
+        return RUN if lock_kind(self.key) == RUN else ENQUEUE
 
     @classmethod
     def parse(cls, key: str, owner: str, record: str) -> LockRecord:
@@ -223,7 +230,8 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
-        """One bounded step through the locks under ``prefix`` (SPEC R4).
+        """One bounded step through the locks under ``prefix`` (SPEC R4): the
+        enqueue and run locks, not the other keys of a digest.
 
         Parameters:
           prefix(str): The lock prefix.

@@ -9,6 +9,7 @@ from typing import Any
 import redis
 
 from ..errors import LockBackendError
+from ..keys import lock_kind
 from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord
 
 #: The Lua functions every script starts with.
@@ -126,13 +127,15 @@ class RedisBackend(LockBackend):
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
         # Lock keys are "<prefix>:{<digest>}" and "<prefix>:{<digest>}:run"; a glob
         # character in the prefix is escaped. SCAN costs O(count) per step (SPEC R4).
+        # Only hashes are listed: a digest's other keys (the replaced set) are no locks.
         pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + ":{*"
         try:
             if _is_cluster(self.client):
                 next_cursor, keys = self._scan_cluster(cursor, pattern, count)
             else:
-                position, keys = self.client.scan(int(cursor), match=pattern, count=count)
+                position, keys = self.client.scan(int(cursor), match=pattern, count=count, _type="hash")
                 next_cursor = str(position)
+            keys = [key for key in map(_text, keys) if lock_kind(key)]
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
                 pipe.hgetall(key)
@@ -141,7 +144,6 @@ class RedisBackend(LockBackend):
             raise _backend_error(e) from e
         records = []
         for key, fields in zip(keys, contents, strict=True):
-            key = _text(key)
             for owner, record in fields.items():
                 owner = _text(owner)
                 if owner != "fence":
@@ -156,7 +158,7 @@ class RedisBackend(LockBackend):
         if index >= len(nodes):
             return "0", []
         # RedisCluster.scan answers ({node name: cursor}, keys).
-        cursors, keys = self.client.scan(position, match=pattern, count=count, target_nodes=nodes[index])
+        cursors, keys = self.client.scan(position, match=pattern, count=count, _type="hash", target_nodes=nodes[index])
         position = next(iter(cursors.values())) if isinstance(cursors, dict) else cursors
         if int(position) == 0:
             index, position = index + 1, 0

@@ -6,6 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..keys import lock_kind
 from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord
 
 
@@ -140,7 +141,7 @@ class StubBackend(LockBackend):
         with self._mutex:
             now = _now()
             after = "" if cursor == "0" else cursor[2:]
-            keys = sorted(k for k in self._locks if k.startswith(prefix + ":{") and k > after)[:count]
+            keys = sorted(k for k in self._locks if k.startswith(prefix + ":{") and lock_kind(k) and k > after)[:count]
             records = [
                 LockRecord.parse(key, owner, place.record())
                 for key in keys
