@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -287,12 +288,15 @@ class MessageLock:
             self.backend.release(self.run_key, owner)
 
     def _claim(self, *, release: bool) -> str:
+        # Recorded as running, a place in the enqueue lock keeps the message's RedisBroker id:
+        # the orphan reaper asks the broker about it (SPEC R2; issue 8, defect 2).
+        redis_message_id = self.message.options.get("redis_message_id")
         answer = self.backend.claim(
             self.enqueue_key,
             self.message.message_id,
             replaced_key=self.replaced_key,
             release=release,
-            holder=self._running_holder(),
+            holder=dataclasses.replace(self._running_holder(), redis_message_id=redis_message_id),
         )
         if release or answer != HELD:
             self.holds_enqueue = False

@@ -32,6 +32,7 @@ from dramatiq import Broker, Message
 from dramatiq.common import dq_name
 
 from .backends import Holder, LockBackend, LockRecord
+from .keys import RUN
 from .liveness import registry_key
 
 #: The default interval between two reaper runs, in milliseconds.
@@ -168,12 +169,13 @@ class Reaper:
         cursor, records = self.backend.scan(self.prefix, cursor, self.batch)
         report.passes += 1
         report.inspected += len(records)
-        queued = []
+        enqueue_locks = []
         for record in records:
             if record.expires_at is not None and record.expires_at <= now:
                 continue  # lapsed: the next operation on the lock drops it
-            state = record.holder.get("state")
-            if state == "running":
+            # Only run locks end with their worker. An enqueue lock recorded as running (replace)
+            # belongs to a message the broker redelivers when its worker dies (issue 8, defect 2).
+            if record.kind == RUN:
                 worker = record.holder.get("worker_id")
                 seen = heartbeats.get(worker)
                 # A worker missing from the registry (removed long after it died, or of a version
@@ -181,14 +183,13 @@ class Reaper:
                 if (seen if seen is not None else record.acquired_at) <= stale:
                     self._release(record, report, f"its worker {worker!r} stopped sending heartbeats")
             elif (
-                state == "queued"
-                and locator is not None
+                locator is not None
                 and record.holder.get("lock") != "until_expired"
                 and record.acquired_at <= now - self.min_age
             ):
-                queued.append(record)
-        if queued:
-            suspects = [r for r, gone in zip(queued, locator.missing(queued), strict=True) if gone]
+                enqueue_locks.append(record)
+        if enqueue_locks:
+            suspects = [r for r, gone in zip(enqueue_locks, locator.missing(enqueue_locks), strict=True) if gone]
             if suspects:
                 # A message moving between queues (a retry, a due delayed message) is
                 # enqueued again before its old copy goes: look again a moment later.
@@ -201,7 +202,7 @@ class Reaper:
     def _release(self, record: LockRecord, report: ReapReport, reason: str) -> None:
         if not self.backend.release_record(record.key, record.owner, record.record):
             return  # renewed, re-entered or released since it was read
-        if record.holder.get("state") == "running":
+        if record.kind == RUN:
             report.released_dead_workers += 1
         else:
             report.released_missing_messages += 1
