@@ -4,7 +4,8 @@ locks its messages hold, and the releases that failed and are tried again (S6).
 One daemon thread per process does all three, once per heartbeat interval:
 
 * it records the process in the worker registry, a sorted set
-  ``<prefix>:workers`` of worker id -> last heartbeat (server time), which
+  ``<prefix>:workers`` of worker id -> the time until which it counts as
+  alive (its heartbeat plus its lease period, by the server clock), which
   the orphan reaper reads to tell live workers from dead ones;
 * it renews each run lock whose lease has less than two heartbeat intervals
   left, so a message running for a long time costs about one renewal per
@@ -191,7 +192,7 @@ class Liveness:
     def _beat(self) -> int | None:
         sent = time.time() * 1000
         try:
-            now = self.backend.heartbeat(self.registry_key, self.worker_id)
+            now = self.backend.heartbeat(self.registry_key, self.worker_id, ttl=self.lease_period)
         except LockBackendError as e:
             self.logger.warning("Worker %r could not send its heartbeat: %s", self.worker_id, e)
             return None

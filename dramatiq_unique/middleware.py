@@ -113,7 +113,7 @@ class UniqueJobs(CrashSafety, Middleware):
             heartbeat_interval=heartbeat_interval,
             logger=self.logger,
         )
-        self.reaper = Reaper(backend, prefix=lock_prefix, lease_period=lease_period, logger=self.logger)
+        self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger)
         self.reaper_enabled = reaper
         self.reaper_interval = reaper_interval
         self.reaper_queue = reaper_queue

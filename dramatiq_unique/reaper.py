@@ -4,8 +4,9 @@ A lock is an orphan when no live message or worker will ever release it. The
 reaper walks the locks in bounded batches with a resumable cursor (R4) and
 releases:
 
-* run locks whose worker's heartbeat stopped (their lease would free them
-  too, within one lease period: the reaper is the fast path);
+* run locks whose worker is dead by what it published: its last heartbeat
+  plus its own lease period lie in the past (their lease would free them
+  too, within about a heartbeat interval more: the reaper is the fast path);
 * enqueue locks whose message no longer exists in the broker, for brokers
   that can be asked (``RedisBroker``, ``StubBroker``). ``until_expired``
   locks are left alone: they are meant to outlive their message.
@@ -43,6 +44,8 @@ DEFAULT_BATCH = 500
 DEFAULT_MIN_AGE = 10_000
 #: How long the saved cursor is kept between two runs (ms).
 CURSOR_TTL = 24 * 3600 * 1000
+#: How long the leader lock outlives its last renewal (ms): a reaper that died lets another run then.
+LEADER_TTL = 60_000
 
 
 @dataclass
@@ -52,7 +55,7 @@ class ReapReport:
     Parameters:
       passes(int): Bounded batches inspected.
       inspected(int): Places (holders of locks) inspected.
-      released_dead_workers(int): Run locks released because their worker's heartbeat stopped.
+      released_dead_workers(int): Run locks released because their worker is dead.
       released_missing_messages(int): Enqueue locks released because their message no longer exists.
       forgotten_workers(int): Dead workers removed from the worker registry.
       complete(bool): Whether the run reached the end of the locks (a full cycle).
@@ -83,7 +86,6 @@ class Reaper:
     Parameters:
       backend(LockBackend): Where the locks are.
       prefix(str): The lock prefix.
-      lease_period(int): A worker not heard from for this long (ms) is dead.
       logger(Logger): Where each released lock is reported.
       batch(int): About how many keys one pass inspects.
       min_age(int): Enqueue locks younger than this (ms) are never reaped.
@@ -95,7 +97,6 @@ class Reaper:
         backend: LockBackend,
         *,
         prefix: str,
-        lease_period: int,
         logger: logging.Logger,
         batch: int = DEFAULT_BATCH,
         min_age: int = DEFAULT_MIN_AGE,
@@ -103,7 +104,6 @@ class Reaper:
     ):
         self.backend = backend
         self.prefix = prefix
-        self.lease_period = lease_period
         self.logger = logger
         self.batch = batch
         self.min_age = min_age
@@ -125,9 +125,8 @@ class Reaper:
         started = time.monotonic()
         report = ReapReport()
         owner = uuid.uuid4().hex
-        leader_ttl = max(60_000, 2 * self.lease_period)
         holder = Holder(message_id=owner, actor="dramatiq_unique_reaper", queue="", lock="reaper", state="running")
-        if not self.backend.acquire(self.leader_key, owner, limit=1, ttl=leader_ttl, holder=holder).acquired:
+        if not self.backend.acquire(self.leader_key, owner, limit=1, ttl=LEADER_TTL, holder=holder).acquired:
             self.logger.info("The orphan reaper is already running elsewhere; this run does nothing.")
             report.skipped = True
             return report
@@ -137,18 +136,17 @@ class Reaper:
             while True:
                 cursor = self._pass(cursor, locator, report)
                 self.backend.set_value(self.cursor_key, cursor, ttl=CURSOR_TTL)
-                self.backend.renew(self.leader_key, owner, ttl=leader_ttl)
+                self.backend.renew(self.leader_key, owner, ttl=LEADER_TTL)
                 if cursor == "0":
                     report.complete = True
                     break
                 if max_passes is not None and report.passes >= max_passes:
                     break
             if report.complete:
-                # After a full cycle, workers silent for two lease periods have nothing left to reap.
+                # After a full cycle, the dead workers leave the registry: any run lock of theirs
+                # still held is left to its lease, which ends about when the worker's time did.
                 now, _ = self.backend.heartbeats(self.registry_key)
-                report.forgotten_workers = self.backend.forget_workers(
-                    self.registry_key, before=now - 2 * self.lease_period
-                )
+                report.forgotten_workers = self.backend.forget_workers(self.registry_key, before=now)
         finally:
             self.backend.release(self.leader_key, owner)
         report.seconds = time.monotonic() - started
@@ -164,8 +162,7 @@ class Reaper:
         return report
 
     def _pass(self, cursor: str, locator: _Locator | None, report: ReapReport) -> str:
-        now, heartbeats = self.backend.heartbeats(self.registry_key)
-        stale = now - self.lease_period
+        now, alive_until = self.backend.heartbeats(self.registry_key)
         cursor, records = self.backend.scan(self.prefix, cursor, self.batch)
         report.passes += 1
         report.inspected += len(records)
@@ -177,10 +174,11 @@ class Reaper:
             # belongs to a message the broker redelivers when its worker dies (issue 8, defect 2).
             if record.kind == RUN:
                 worker = record.holder.get("worker_id")
-                seen = heartbeats.get(worker)
-                # A worker missing from the registry (removed long after it died, or of a version
-                # without heartbeats) is only taken for dead once its lock is a lease period old.
-                if (seen if seen is not None else record.acquired_at) <= stale:
+                until = alive_until.get(worker)
+                # Each worker says how long it counts as alive: its heartbeat plus its own lease
+                # period (issue 8, defect 5). A worker missing from the registry (forgotten after
+                # it died, or not registered yet) may still run: its lock is left to its lease.
+                if until is not None and until <= now:
                     self._release(record, report, f"its worker {worker!r} stopped sending heartbeats")
             elif (
                 locator is not None
@@ -296,7 +294,6 @@ def reap_orphans(
     *,
     broker: Broker | None = None,
     prefix: str = "dramatiq-unique",
-    lease_period: int = 30_000,
     max_passes: int | None = None,
     batch: int = DEFAULT_BATCH,
     logger: logging.Logger | None = None,
@@ -305,7 +302,6 @@ def reap_orphans(
     reaper = Reaper(
         backend,
         prefix=prefix,
-        lease_period=lease_period,
         batch=batch,
         logger=logger or logging.getLogger("dramatiq_unique.reaper"),
     )

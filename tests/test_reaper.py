@@ -144,7 +144,7 @@ def test_one_cycle_releases_exactly_the_orphans_among_thousands_of_live_locks(re
     assert len(live) >= 5000
     orphans = plant_orphans(backend, client, 20)
 
-    reaper = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, batch=500, min_age=0)
+    reaper = Reaper(backend, prefix=PREFIX, logger=LOGGER, batch=500, min_age=0)
     started = time.monotonic()
     report_ = reaper.run(broker=env.broker)
     elapsed = time.monotonic() - started
@@ -174,7 +174,7 @@ def test_two_reapers_started_at_once_only_one_works(redis_client, caplog):
     reports = []
 
     def run():
-        reaper = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, batch=40, min_age=0)
+        reaper = Reaper(backend, prefix=PREFIX, logger=LOGGER, batch=40, min_age=0)
         start.wait()
         reports.append(reaper.run(broker=broker))
 
@@ -196,7 +196,7 @@ def test_a_stopped_reaper_resumes_where_it_stopped(redis_client):
     # R4: max_passes bounds a run; the cursor is saved and the next run goes on from it.
     backend = RedisBackend(client=redis_client)
     plant_orphans(backend, redis_client, 100)
-    reaper = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, batch=20, min_age=0)
+    reaper = Reaper(backend, prefix=PREFIX, logger=LOGGER, batch=20, min_age=0)
     first = reaper.run(max_passes=1)
     assert first.passes == 1 and not first.complete
     rest = reaper.run()
@@ -215,7 +215,7 @@ def test_enqueue_locks_on_a_stub_broker(env):
     kept = settle.send("evt_1")
     lost = settle.send("evt_2")
     lose(env, lost)
-    reaper = Reaper(env.backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, min_age=0)
+    reaper = Reaper(env.backend, prefix=PREFIX, logger=LOGGER, min_age=0)
     report = reaper.run(broker=env.broker)
     assert (report.released_missing_messages, report.inspected) == (1, 2)
     assert env.is_free(enqueue_outcome(lost).digest)
@@ -259,18 +259,18 @@ def test_workers_trigger_the_reaper_actor_once_per_interval(triggering_env):
     assert sum(run["released_missing_messages"] for run in runs) == 1
 
 
-def test_run_locks_of_an_unregistered_worker_wait_a_lease_period(redis_client):
-    # R3: a worker missing from the registry (removed after it died, or of a version without
-    # heartbeats) may still be running: its run lock is only reaped once a lease period old.
+def test_run_locks_of_an_unregistered_worker_are_left_to_their_lease(redis_client):
+    # R3: a worker missing from the registry (forgotten after it died, or not registered under
+    # this prefix yet) may still be running: only its lease ends its run lock, however old.
     backend = RedisBackend(client=redis_client)
     now = backend.heartbeats(registry_key(PREFIX))[0]
-    for name, acquired_at in (("young", now - 1_000), ("old", now - 31_000)):
+    for name, acquired_at in (("young", now - 1_000), ("old", now - 600_000)):
         holder = Holder(name, "sync", "default", "while_executing", "running", worker_id="old-host:7")
         record = f"{now + 600_000}|1|{acquired_at}|{holder.to_json()}"
         redis_client.hset(f"{PREFIX}:{{{name}}}:run", mapping={"fence": 1, "t": record})
-    report = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER).run()
-    assert report.released_dead_workers == 1
-    assert scan_all(backend) == {(f"{PREFIX}:{{young}}:run", "t")}
+    report = Reaper(backend, prefix=PREFIX, logger=LOGGER).run()
+    assert report.released == 0
+    assert scan_all(backend) == {(f"{PREFIX}:{{young}}:run", "t"), (f"{PREFIX}:{{old}}:run", "t")}
 
 
 @pytest.mark.parametrize("env", ["stub", "redis", "cluster"], indirect=True)
@@ -290,7 +290,7 @@ def test_the_reaper_works_after_a_message_was_replaced(env):
     lost = publish.send("doc_2", "rev_1")
     lose(env, lost)
 
-    report = Reaper(env.backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, min_age=0).run(broker=env.broker)
+    report = Reaper(env.backend, prefix=PREFIX, logger=LOGGER, min_age=0).run(broker=env.broker)
 
     assert report.complete and report.released_missing_messages == 1
     assert env.is_free(enqueue_outcome(lost).digest)
@@ -299,3 +299,29 @@ def test_the_reaper_works_after_a_message_was_replaced(env):
     env.worker()
     env.join(publish)
     assert gate.runs == ["rev_2"]
+
+
+def test_the_reaper_takes_each_workers_liveness_from_what_it_published(env):
+    # Issue 8, defect 5 (R1, R3): after each heartbeat a worker counts as alive for its own lease
+    # period, whatever lease the process running the reaper has: a worker on the default 30 s
+    # lease, last heard from half a second ago, keeps its run lock against the reaper of a
+    # process on a 300 ms lease.
+    gate = Gate()
+
+    @env.actor(lock="while_executing", lock_args_method=lambda key, n: [key])
+    def sync(key, n):
+        gate.enter(n)
+
+    sync.send("acct_1", 0)
+    env.worker()
+    wait_for(lambda: gate.runs == [0])
+    time.sleep(0.5)  # past the other process's lease; its next heartbeat is 5 s after the first
+    other = UniqueJobs(backend=env.backend, lease_period=300, heartbeat_interval=100)
+    report = other.reaper.run(broker=env.broker)
+
+    assert report.complete and report.released == 0
+    sync.send("acct_1", 1)
+    env.wait_for_skips(1)  # the duplicate met the running message's lock
+    gate.open()
+    env.join(sync)
+    assert gate.runs == [0]

@@ -207,8 +207,9 @@ class LockBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def heartbeat(self, key: str, worker_id: str) -> int:
-        """Record that ``worker_id`` is alive now in the registry at ``key``.
+    def heartbeat(self, key: str, worker_id: str, *, ttl: int) -> int:
+        """Record in the registry at ``key`` that ``worker_id`` counts as alive
+        for ``ttl`` ms from now (its lease period): until its next heartbeat, or its death.
 
         Returns:
           int: Now, in ms of the backend's clock.
@@ -216,11 +217,13 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
-        """The registry at ``key``: now, and each worker's last heartbeat, in ms of the backend's clock."""
+        """The registry at ``key``: now, and the time until which each worker
+        counts as alive, in ms of the backend's clock."""
 
     @abc.abstractmethod
     def forget_workers(self, key: str, *, worker_id: str | None = None, before: int | None = None) -> int:
-        """Remove ``worker_id``, or every worker last seen before ``before``, from the registry at ``key``.
+        """Remove ``worker_id``, or every worker that counted as alive only
+        until before ``before``, from the registry at ``key``.
 
         Returns:
           int: How many were removed.

@@ -108,8 +108,8 @@ class RedisBackend(LockBackend):
         reply = int(self._call(self._renew, [key], [owner, ttl, deadline or 0]))
         return None if reply < 0 else reply
 
-    def heartbeat(self, key: str, worker_id: str) -> int:
-        return int(self._call(self._heartbeat, [key], [worker_id]))
+    def heartbeat(self, key: str, worker_id: str, *, ttl: int) -> int:
+        return int(self._call(self._heartbeat, [key], [worker_id, ttl]))
 
     def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
         reply = self._call(self._heartbeats, [key], [])

@@ -118,10 +118,10 @@ class StubBackend(LockBackend):
             place.expires_at = max(place.expires_at, target)
             return place.expires_at
 
-    def heartbeat(self, key: str, worker_id: str) -> int:
+    def heartbeat(self, key: str, worker_id: str, *, ttl: int) -> int:
         with self._mutex:
             now = _now()
-            self._workers.setdefault(key, {})[worker_id] = now
+            self._workers.setdefault(key, {})[worker_id] = now + ttl
             return now
 
     def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
@@ -131,7 +131,7 @@ class StubBackend(LockBackend):
     def forget_workers(self, key: str, *, worker_id: str | None = None, before: int | None = None) -> int:
         with self._mutex:
             workers = self._workers.get(key, {})
-            gone = [w for w, seen in workers.items() if w == worker_id or (before is not None and seen < before)]
+            gone = [w for w, alive in workers.items() if w == worker_id or (before is not None and alive < before)]
             for w in gone:
                 del workers[w]
             return len(gone)
