@@ -158,6 +158,9 @@ class UniqueJobs(CrashSafety, Middleware):
         options = {**self.defaults, **{k: v for k, v in actor.options.items() if k in DEFAULTS}}
         config = resolve(f"Actor {actor.actor_name!r}", options)
         self._actors[actor.actor_name] = (options, config)
+        # Workers are known alive, and orphans reaped, under every lock prefix in use (issue 8, defect 4).
+        self.liveness.add_prefix(options["lock_prefix"])
+        self.reaper.add_prefix(options["lock_prefix"])
         self._guard_enqueue(broker)
 
     def _guard_enqueue(self, broker: Broker) -> None:

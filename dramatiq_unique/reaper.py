@@ -16,16 +16,22 @@ running on a live worker (R3): a message is looked for twice, a moment
 apart, before its lock goes, and a place is only released while it is still
 exactly as read (neither renewed, re-entered nor re-taken since).
 
-Only one reaper runs at a time across the deployment: it holds a leader lock
-``<prefix>:reaper`` while it works.
+One run covers every lock prefix in use: the middleware's and those of
+actors with a ``lock_prefix`` of their own, one after the other. Only one
+reaper runs at a time across the deployment: it holds a leader lock
+``<prefix>:reaper`` (of the middleware's prefix) while it works.
 """
 
 from __future__ import annotations
 
 import abc
+import bisect
+import json
 import logging
+import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -81,11 +87,13 @@ class ReapReport:
 
 
 class Reaper:
-    """Finds and releases orphaned locks under one lock prefix.
+    """Finds and releases orphaned locks under the lock prefixes in use.
 
     Parameters:
       backend(LockBackend): Where the locks are.
-      prefix(str): The lock prefix.
+      prefix(str): The lock prefix of the reaper's own keys (leader lock,
+        schedule, cursor), and the first whose locks it reaps;
+        :meth:`add_prefix` adds others.
       logger(Logger): Where each released lock is reported.
       batch(int): About how many keys one pass inspects.
       min_age(int): Enqueue locks younger than this (ms) are never reaped.
@@ -103,15 +111,22 @@ class Reaper:
         confirm_delay: float = 0.05,
     ):
         self.backend = backend
-        self.prefix = prefix
+        #: Every lock prefix whose locks a run reaps, in the order it reaps them.
+        self.prefixes: tuple[str, ...] = (prefix,)
         self.logger = logger
         self.batch = batch
         self.min_age = min_age
         self.confirm_delay = confirm_delay
-        self.registry_key = registry_key(prefix)
+        self._mutex = threading.Lock()
         self.leader_key = f"{prefix}:reaper"
         self.schedule_key = f"{prefix}:reaper:schedule"
         self.cursor_key = f"{prefix}:reaper:cursor"
+
+    def add_prefix(self, prefix: str) -> None:
+        """Reap the locks under ``prefix`` too: the lock prefix of an actor."""
+        with self._mutex:
+            if prefix not in self.prefixes:
+                self.prefixes = tuple(sorted({*self.prefixes, prefix}))
 
     def run(self, *, broker: Broker | None = None, max_passes: int | None = None) -> ReapReport:
         """Inspect the locks, from where the previous run stopped, until the
@@ -132,21 +147,27 @@ class Reaper:
             return report
         try:
             locator = locator_for(broker)
-            cursor = self.backend.get_value(self.cursor_key) or "0"
+            prefixes = self.prefixes
+            index, cursor = self._resume(prefixes)
             while True:
-                cursor = self._pass(cursor, locator, report)
-                self.backend.set_value(self.cursor_key, cursor, ttl=CURSOR_TTL)
-                self.backend.renew(self.leader_key, owner, ttl=LEADER_TTL)
+                cursor = self._pass(prefixes[index], cursor, locator, report)
                 if cursor == "0":
+                    index += 1
+                if index == len(prefixes):
                     report.complete = True
-                    break
-                if max_passes is not None and report.passes >= max_passes:
+                    index = 0
+                # Where the next run starts: one position across the prefixes, each scanned in turn.
+                position = json.dumps([prefixes[index], cursor])
+                self.backend.set_value(self.cursor_key, position, ttl=CURSOR_TTL)
+                self.backend.renew(self.leader_key, owner, ttl=LEADER_TTL)
+                if report.complete or (max_passes is not None and report.passes >= max_passes):
                     break
             if report.complete:
-                # After a full cycle, the dead workers leave the registry: any run lock of theirs
+                # After a full cycle, the dead workers leave the registries: any run lock of theirs
                 # still held is left to its lease, which ends about when the worker's time did.
-                now, _ = self.backend.heartbeats(self.registry_key)
-                report.forgotten_workers = self.backend.forget_workers(self.registry_key, before=now)
+                for prefix in prefixes:
+                    now, _ = self.backend.heartbeats(registry_key(prefix))
+                    report.forgotten_workers += self.backend.forget_workers(registry_key(prefix), before=now)
         finally:
             self.backend.release(self.leader_key, owner)
         report.seconds = time.monotonic() - started
@@ -161,9 +182,22 @@ class Reaper:
         )
         return report
 
-    def _pass(self, cursor: str, locator: _Locator | None, report: ReapReport) -> str:
-        now, alive_until = self.backend.heartbeats(self.registry_key)
-        cursor, records = self.backend.scan(self.prefix, cursor, self.batch)
+    def _resume(self, prefixes: tuple[str, ...]) -> tuple[int, str]:
+        """Where the previous run stopped: the index of a prefix, and a cursor under it."""
+        saved = self.backend.get_value(self.cursor_key)
+        if saved is None:
+            return 0, "0"
+        prefix, cursor = json.loads(saved)
+        # A prefix that is no longer in use: go on with the next one.
+        index = bisect.bisect_left(prefixes, prefix)
+        if index == len(prefixes):
+            return 0, "0"
+        return index, cursor if prefixes[index] == prefix else "0"
+
+    def _pass(self, prefix: str, cursor: str, locator: _Locator | None, report: ReapReport) -> str:
+        # Workers heartbeat into the registry of each prefix their actors use.
+        now, alive_until = self.backend.heartbeats(registry_key(prefix))
+        cursor, records = self.backend.scan(prefix, cursor, self.batch)
         report.passes += 1
         report.inspected += len(records)
         enqueue_locks = []
@@ -294,15 +328,29 @@ def reap_orphans(
     *,
     broker: Broker | None = None,
     prefix: str = "dramatiq-unique",
+    actor_prefixes: Iterable[str] = (),
     max_passes: int | None = None,
     batch: int = DEFAULT_BATCH,
     logger: logging.Logger | None = None,
 ) -> ReapReport:
-    """Run the orphan reaper once, without an actor (e.g. from a script or a CLI)."""
+    """Run the orphan reaper once, without an actor (e.g. from a script or a CLI).
+
+    Parameters:
+      backend(LockBackend): Where the locks are.
+      broker(Broker): The broker to ask whether a message still exists.
+      prefix(str): The middleware's lock prefix.
+      actor_prefixes(Iterable[str]): The ``lock_prefix`` of actors that have
+        their own: their locks are reaped in the same run.
+      max_passes(int): At most this many batches; ``None`` for a full cycle.
+      batch(int): About how many keys one pass inspects.
+      logger(Logger): Where each released lock is reported.
+    """
     reaper = Reaper(
         backend,
         prefix=prefix,
         batch=batch,
         logger=logger or logging.getLogger("dramatiq_unique.reaper"),
     )
+    for actor_prefix in actor_prefixes:
+        reaper.add_prefix(actor_prefix)
     return reaper.run(broker=broker, max_passes=max_passes)

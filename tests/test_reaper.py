@@ -12,41 +12,45 @@ import uuid
 import pytest
 from dramatiq.brokers.redis import RedisBroker
 
-from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome, reap_orphans
 from dramatiq_unique.backends import Holder
-from dramatiq_unique.liveness import registry_key
+from dramatiq_unique.liveness import registry_key, worker_id
 from dramatiq_unique.reaper import Reaper
 
 from .support import Env, Gate, wait_for
 
 PREFIX = "dramatiq-unique"
+#: The lock_prefix of an actor that has its own.
+BILLING = "billing"
 LOGGER = logging.getLogger("test.reaper")
 
 
-def scan_all(backend) -> set[tuple[str, str]]:
+def scan_all(backend, prefix: str = PREFIX) -> set[tuple[str, str]]:
     """Every (key, owner) place held under the prefix."""
     cursor, places = "0", set()
     while True:
-        cursor, records = backend.scan(PREFIX, cursor, 1000)
+        cursor, records = backend.scan(prefix, cursor, 1000)
         places.update((r.key, r.owner) for r in records)
         if cursor == "0":
             return places
 
 
-def plant_orphans(backend, client, count: int, *, dead_worker: str = "dead-host:1:0000") -> set[tuple[str, str]]:
-    """Half run locks of a worker whose heartbeat stopped ten minutes ago (with a long lease, as
-    a killed worker leaves them), half enqueue locks whose RedisBroker message does not exist."""
-    now = backend.heartbeats(registry_key(PREFIX))[0]
-    client.zadd(registry_key(PREFIX), {dead_worker: now - 600_000})
+def plant_orphans(
+    backend, client, count: int, *, dead_worker: str = "dead-host:1:0000", prefix: str = PREFIX
+) -> set[tuple[str, str]]:
+    """Half run locks of a worker whose time ran out ten minutes ago (with a long lease, as a
+    killed worker leaves them), half enqueue locks whose RedisBroker message does not exist."""
+    now = backend.heartbeats(registry_key(prefix))[0]
+    client.zadd(registry_key(prefix), {dead_worker: now - 600_000})
     planted = set()
     for i in range(count):
         digest, owner = uuid.uuid4().hex, uuid.uuid4().hex
         if i % 2:
-            key = f"{PREFIX}:{{{digest}}}:run"
+            key = f"{prefix}:{{{digest}}}:run"
             holder = Holder(f"gone-{i}", "sync", "default", "while_executing", "running", worker_id=dead_worker)
             ttl = 600_000
         else:
-            key, owner = f"{PREFIX}:{{{digest}}}", f"gone-{i}"
+            key, owner = f"{prefix}:{{{digest}}}", f"gone-{i}"
             holder = Holder(owner, "settle", "default", "until_executed", "queued", redis_message_id=str(uuid.uuid4()))
             ttl = None
         assert backend.acquire(key, owner, limit=1, ttl=ttl, holder=holder).acquired
@@ -325,3 +329,74 @@ def test_the_reaper_takes_each_workers_liveness_from_what_it_published(env):
     gate.open()
     env.join(sync)
     assert gate.runs == [0]
+
+
+def test_workers_are_known_alive_under_every_lock_prefix_in_use(env):
+    # Issue 8, defect 4 (R1, R3): a worker heartbeats into the registry of each lock prefix its
+    # actors use, so a reaper of an actor's own prefix sees it alive, even one in a process on a
+    # 300 ms lease: the run lock it holds there stays, and a duplicate is still dropped.
+    gate = Gate()
+
+    @env.actor(lock="while_executing", lock_prefix=BILLING, lock_args_method=lambda key, n: [key])
+    def invoice(key, n):
+        gate.enter(n)
+
+    invoice.send("acct_1", 0)
+    env.worker()
+    wait_for(lambda: gate.runs == [0])
+    time.sleep(0.5)  # past the other process's lease; this worker's next heartbeat is 5 s after its first
+    other = UniqueJobs(backend=env.backend, lock_prefix=BILLING, lease_period=300, heartbeat_interval=100)
+    report = other.reaper.run(broker=env.broker)
+    assert report.complete and report.released == 0
+    assert reap_orphans(env.backend, broker=env.broker, prefix=BILLING).released == 0
+
+    invoice.send("acct_1", 1)
+    env.wait_for_skips(1)  # the duplicate met the running message's lock
+    gate.open()
+    env.join(invoice)
+    assert gate.runs == [0]
+    assert set(env.backend.heartbeats(registry_key(BILLING))[1]) == {worker_id()}
+
+
+def test_one_reaper_run_covers_the_locks_of_actors_with_their_own_prefix(env):
+    # Issue 8, defect 4 (R2): the middleware's reaper covers its own lock prefix and those of its
+    # actors: the lock of a lost message is released under each, the others stay.
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    @env.actor(lock="until_executed", lock_prefix=BILLING)
+    def invoice(event_id):
+        pass
+
+    kept, kept_billing = settle.send("evt_1"), invoice.send("evt_1")
+    lost, lost_billing = settle.send("evt_2"), invoice.send("evt_2")
+    lose(env, lost)
+    lose(env, lost_billing)
+    env.middleware.reaper.min_age = 0
+    report = env.middleware.reaper.run(broker=env.broker)
+
+    assert report.complete and report.released_missing_messages == 2
+    assert env.is_free(enqueue_outcome(lost).digest)
+    assert env.is_free(enqueue_outcome(lost_billing).digest, prefix=BILLING)
+    assert not env.is_free(enqueue_outcome(kept).digest)
+    assert not env.is_free(enqueue_outcome(kept_billing).digest, prefix=BILLING)
+
+
+def test_a_stopped_reaper_resumes_where_it_stopped_across_prefixes(redis_client):
+    # R4 + issue 8, defect 4: a run goes through the prefixes one after the other, each with its
+    # own cursor; a run stopped by max_passes is resumed by the next, until a full cycle.
+    backend = RedisBackend(client=redis_client)
+    planted = plant_orphans(backend, redis_client, 40) | plant_orphans(backend, redis_client, 40, prefix=BILLING)
+    reaper = Reaper(backend, prefix=PREFIX, logger=LOGGER, batch=10, min_age=0)
+    reaper.add_prefix(BILLING)
+    runs = [reaper.run(max_passes=2)]
+    while not runs[-1].complete:
+        runs.append(reaper.run(max_passes=2))
+
+    assert len(runs) > 2 and all(run.passes <= 2 for run in runs)
+    assert sum(run.released_dead_workers for run in runs) == 40  # no broker given: only run locks
+    assert sum(run.inspected for run in runs) >= 80
+    live = {place for place in planted if not place[0].endswith(":run")}
+    assert scan_all(backend) | scan_all(backend, BILLING) == live
+    assert reaper.run().inspected >= 40  # the next run starts a new cycle
