@@ -233,7 +233,7 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
-        """One bounded step through the locks under ``prefix`` (SPEC R4): the
+        """One bounded step through the locks under ``prefix``: the
         enqueue and run locks, not the other keys of a digest.
 
         Parameters:
