@@ -32,7 +32,7 @@ PREFIX = "dramatiq-unique"
 
 
 def plant(client: redis.Redis, now: int) -> None:
-    client.zadd(registry_key(PREFIX), {"live:1:a": now, "dead:2:b": now - 600_000})
+    client.zadd(registry_key(PREFIX), {"live:1:a": now + 30_000, "dead:2:b": now - 600_000})
     pipe = client.pipeline(transaction=False)
     for i in range(LIVE + ORPHANS):
         orphan = i >= LIVE
@@ -68,10 +68,8 @@ def main() -> None:
         for batch in (500, 2000):
             for key in client.scan_iter(f"{PREFIX}:reaper*"):
                 client.delete(key)
-            backend.heartbeat(registry_key(PREFIX), "live:1:a")  # the live worker is still alive
-            reaper = Reaper(
-                backend, prefix=PREFIX, lease_period=30_000, logger=logging.getLogger("reaper"), batch=batch
-            )
+            backend.heartbeat(registry_key(PREFIX), "live:1:a", ttl=30_000)  # the live worker is still alive
+            reaper = Reaper(backend, prefix=PREFIX, logger=logging.getLogger("reaper"), batch=batch)
             started = time.perf_counter()
             report = reaper.run(broker=broker)
             elapsed = time.perf_counter() - started

@@ -7,6 +7,10 @@ Cluster.
 
 from __future__ import annotations
 
+#: The two kinds of lock a digest has.
+ENQUEUE = "enqueue"
+RUN = "run"
+
 
 def enqueue_key(prefix: str, digest: str) -> str:
     """The key of the lock taken when a message is enqueued."""
@@ -21,3 +25,12 @@ def run_key(prefix: str, digest: str) -> str:
 def replaced_key(prefix: str, digest: str) -> str:
     """The key of the set of queued messages whose place a newer message took (``replace``)."""
     return f"{prefix}:{{{digest}}}:replaced"
+
+
+def lock_kind(key: str) -> str | None:
+    """:data:`ENQUEUE` or :data:`RUN` for the key of a lock, ``None`` for the other keys of a digest."""
+    if key.endswith("}"):
+        return ENQUEUE
+    if key.endswith("}:run"):
+        return RUN
+    return None

@@ -4,8 +4,11 @@ locks its messages hold, and the releases that failed and are tried again (S6).
 One daemon thread per process does all three, once per heartbeat interval:
 
 * it records the process in the worker registry, a sorted set
-  ``<prefix>:workers`` of worker id -> last heartbeat (server time), which
-  the orphan reaper reads to tell live workers from dead ones;
+  ``<prefix>:workers`` of worker id -> the time until which it counts as
+  alive (its heartbeat plus its lease period, by the server clock), which
+  the orphan reaper reads to tell live workers from dead ones: in the
+  registry of every lock prefix its actors use, so that a run lock's worker
+  is known under the prefix of the lock;
 * it renews each run lock whose lease has less than two heartbeat intervals
   left, so a message running for a long time costs about one renewal per
   lease period (SPEC P1), and a dead process's run locks lapse within one
@@ -61,8 +64,9 @@ class Liveness:
     """The heartbeat thread of one process and what it looks after.
 
     Parameters:
-      backend(LockBackend): Where the registry and the locks are.
-      prefix(str): The lock prefix of the registry.
+      backend(LockBackend): Where the registries and the locks are.
+      prefix(str): The lock prefix of the first registry (the middleware's);
+        :meth:`add_prefix` adds others.
       lease_period(int): Milliseconds a run lock is held without a renewal.
       heartbeat_interval(int): Milliseconds between two heartbeats.
       logger(Logger): Where to report.
@@ -79,6 +83,8 @@ class Liveness:
     ):
         self.backend = backend
         self.registry_key = registry_key(prefix)
+        #: The registries of the other lock prefixes this process's actors use.
+        self._other_registries: tuple[str, ...] = ()
         self.lease_period = lease_period
         self.heartbeat_interval = heartbeat_interval
         self.logger = logger
@@ -101,6 +107,18 @@ class Liveness:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def registry_keys(self) -> tuple[str, ...]:
+        """Every registry this process heartbeats into."""
+        return (self.registry_key, *self._other_registries)
+
+    def add_prefix(self, prefix: str) -> None:
+        """Heartbeat into the registry of ``prefix`` too: the lock prefix of an actor."""
+        key = registry_key(prefix)
+        with self._mutex:
+            if key != self.registry_key and key not in self._other_registries:
+                self._other_registries += (key,)
+
     # Lifecycle ------------------------------------------------------------------
 
     def start(self) -> None:
@@ -115,10 +133,11 @@ class Liveness:
         # The first heartbeat is synchronous: the worker is registered before it takes a message.
         now = self._beat()
         if now is not None:
-            try:  # processes killed long ago leave the registry, reaper or not
-                self.backend.forget_workers(self.registry_key, before=now - 10 * self.lease_period)
-            except LockBackendError:
-                pass
+            for key in self.registry_keys:
+                try:  # processes killed long ago leave the registry, reaper or not
+                    self.backend.forget_workers(key, before=now - 10 * self.lease_period)
+                except LockBackendError:
+                    pass
         self._thread.start()
 
     def stop(self) -> None:
@@ -138,10 +157,13 @@ class Liveness:
                 key,
                 owner,
             )
-        try:
-            self.backend.forget_workers(self.registry_key, worker_id=self.worker_id)
-        except LockBackendError:
-            self.logger.warning("Worker %r could not leave the worker registry.", self.worker_id, exc_info=True)
+        for key in self.registry_keys:
+            try:
+                self.backend.forget_workers(key, worker_id=self.worker_id)
+            except LockBackendError:
+                self.logger.warning(
+                    "Worker %r could not leave the worker registry %r.", self.worker_id, key, exc_info=True
+                )
 
     # What the thread looks after ---------------------------------------------
 
@@ -186,11 +208,20 @@ class Liveness:
     def _beat(self) -> int | None:
         sent = time.time() * 1000
         try:
-            now = self.backend.heartbeat(self.registry_key, self.worker_id)
+            now = self.backend.heartbeat(self.registry_key, self.worker_id, ttl=self.lease_period)
         except LockBackendError as e:
             self.logger.warning("Worker %r could not send its heartbeat: %s", self.worker_id, e)
             return None
         self._offset = int(now - (sent + time.time() * 1000) / 2)
+        # A run lock's worker must count as alive under the lock's prefix (issue 8, defect 4).
+        # Leases are renewed only after every registry heard of it: a worker never holds a
+        # renewed run lock while some registry has given it up for dead.
+        for key in self._other_registries:
+            try:
+                self.backend.heartbeat(key, self.worker_id, ttl=self.lease_period)
+            except LockBackendError as e:
+                self.logger.warning("Worker %r could not send its heartbeat to %r: %s", self.worker_id, key, e)
+                return None
         return now
 
     def _renew_due(self) -> None:

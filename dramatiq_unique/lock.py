@@ -239,7 +239,7 @@ class MessageLock:
 
     def _retake_lapsed_enqueue(self) -> None:
         # Recorded as running: a newer message never takes a running holder's place (C4).
-        acquisition = self.acquire_enqueue(may_replace=False, holder=self._running_holder())
+        acquisition = self.acquire_enqueue(may_replace=False, holder=self._running_holder(enqueue_lock=True))
         if not acquisition.acquired:
             self.holds_enqueue = False
             self.logger.warning(
@@ -319,7 +319,7 @@ class MessageLock:
             self.message.message_id,
             replaced_key=self.replaced_key,
             release=release,
-            holder=self._running_holder(),
+            holder=self._running_holder(enqueue_lock=True),
         )
         if release or answer != HELD:
             self.holds_enqueue = False
@@ -345,10 +345,10 @@ class MessageLock:
                     deadline = acquisition.expires_at - ttl + self.config.lock_ttl
                 self.liveness.hold(self.run_key, owner, expires_at=acquisition.expires_at, deadline=deadline)
 
-    def _running_holder(self) -> Holder:
-        return self._holder("running", worker_id=worker_id())
+    def _running_holder(self, *, enqueue_lock: bool = False) -> Holder:
+        return self._holder("running", worker_id=worker_id(), enqueue_lock=enqueue_lock)
 
-    def _holder(self, state: str, worker_id: str | None = None) -> Holder:
+    def _holder(self, state: str, worker_id: str | None = None, *, enqueue_lock: bool = True) -> Holder:
         return Holder(
             message_id=self.message.message_id,
             actor=self.message.actor_name,
@@ -356,8 +356,9 @@ class MessageLock:
             lock=self.config.lock.name,
             state=state,
             worker_id=worker_id,
-            # Lets the orphan reaper ask a RedisBroker whether the message still exists (SPEC R2).
-            redis_message_id=self.message.options.get("redis_message_id") if state == "queued" else None,
+            # A place in the enqueue lock, queued or running, lets the orphan reaper ask a
+            # RedisBroker whether its message still exists (R2; issue 8, defect 2).
+            redis_message_id=self.message.options.get("redis_message_id") if enqueue_lock else None,
             # Only a message that checks at start whether it was replaced may be (C4): one
             # whose actor replaces, and that no group or pipeline waits for.
             replaceable=state == "queued"

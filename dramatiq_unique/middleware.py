@@ -137,7 +137,7 @@ class UniqueJobs(CrashSafety, Middleware):
             heartbeat_interval=heartbeat_interval,
             logger=self.logger,
         )
-        self.reaper = Reaper(backend, prefix=lock_prefix, lease_period=lease_period, logger=self.logger)
+        self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger)
         self.reaper_enabled = reaper
         self.reaper_interval = reaper_interval
         self.reaper_queue = reaper_queue
@@ -191,6 +191,9 @@ class UniqueJobs(CrashSafety, Middleware):
         options = {**self.defaults, **{k: v for k, v in actor.options.items() if k in DEFAULTS}}
         config = resolve(f"Actor {actor.actor_name!r}", options)
         self._actors[actor.actor_name] = (options, config)
+        # Workers are known alive, and orphans reaped, under every lock prefix in use (issue 8, defect 4).
+        self.liveness.add_prefix(options["lock_prefix"])
+        self.reaper.add_prefix(options["lock_prefix"])
         self._guard_enqueue(broker)
 
     def _guard_enqueue(self, broker: Broker) -> None:

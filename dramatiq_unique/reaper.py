@@ -4,8 +4,9 @@ A lock is an orphan when no live message or worker will ever release it. The
 reaper walks the locks in bounded batches with a resumable cursor (R4) and
 releases:
 
-* run locks whose worker's heartbeat stopped (their lease would free them
-  too, within one lease period: the reaper is the fast path);
+* run locks whose worker is dead by what it published: its last heartbeat
+  plus its own lease period lie in the past (their lease would free them
+  too, within about a heartbeat interval more: the reaper is the fast path);
 * enqueue locks whose message no longer exists in the broker, for brokers
   that can be asked (``RedisBroker``, ``StubBroker``). ``until_expired``
   locks are left alone: they are meant to outlive their message.
@@ -15,16 +16,22 @@ running on a live worker (R3): a message is looked for twice, a moment
 apart, before its lock goes, and a place is only released while it is still
 exactly as read (neither renewed, re-entered nor re-taken since).
 
-Only one reaper runs at a time across the deployment: it holds a leader lock
-``<prefix>:reaper`` while it works.
+One run covers every lock prefix in use: the middleware's and those of
+actors with a ``lock_prefix`` of their own, one after the other. Only one
+reaper runs at a time across the deployment: it holds a leader lock
+``<prefix>:reaper`` (of the middleware's prefix) while it works.
 """
 
 from __future__ import annotations
 
 import abc
+import bisect
+import json
 import logging
+import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -32,6 +39,7 @@ from dramatiq import Broker, Message
 from dramatiq.common import dq_name
 
 from .backends import Holder, LockBackend, LockRecord
+from .keys import RUN
 from .liveness import registry_key
 
 #: The default interval between two reaper runs, in milliseconds.
@@ -42,6 +50,8 @@ DEFAULT_BATCH = 500
 DEFAULT_MIN_AGE = 10_000
 #: How long the saved cursor is kept between two runs (ms).
 CURSOR_TTL = 24 * 3600 * 1000
+#: How long the leader lock outlives its last renewal (ms): a reaper that died lets another run then.
+LEADER_TTL = 60_000
 
 
 @dataclass
@@ -51,7 +61,7 @@ class ReapReport:
     Parameters:
       passes(int): Bounded batches inspected.
       inspected(int): Places (holders of locks) inspected.
-      released_dead_workers(int): Run locks released because their worker's heartbeat stopped.
+      released_dead_workers(int): Run locks released because their worker is dead.
       released_missing_messages(int): Enqueue locks released because their message no longer exists.
       forgotten_workers(int): Dead workers removed from the worker registry.
       complete(bool): Whether the run reached the end of the locks (a full cycle).
@@ -77,12 +87,13 @@ class ReapReport:
 
 
 class Reaper:
-    """Finds and releases orphaned locks under one lock prefix.
+    """Finds and releases orphaned locks under the lock prefixes in use.
 
     Parameters:
       backend(LockBackend): Where the locks are.
-      prefix(str): The lock prefix.
-      lease_period(int): A worker not heard from for this long (ms) is dead.
+      prefix(str): The lock prefix of the reaper's own keys (leader lock,
+        schedule, cursor), and the first whose locks it reaps;
+        :meth:`add_prefix` adds others.
       logger(Logger): Where each released lock is reported.
       batch(int): About how many keys one pass inspects.
       min_age(int): Enqueue locks younger than this (ms) are never reaped.
@@ -94,23 +105,28 @@ class Reaper:
         backend: LockBackend,
         *,
         prefix: str,
-        lease_period: int,
         logger: logging.Logger,
         batch: int = DEFAULT_BATCH,
         min_age: int = DEFAULT_MIN_AGE,
         confirm_delay: float = 0.05,
     ):
         self.backend = backend
-        self.prefix = prefix
-        self.lease_period = lease_period
+        #: Every lock prefix whose locks a run reaps, in the order it reaps them.
+        self.prefixes: tuple[str, ...] = (prefix,)
         self.logger = logger
         self.batch = batch
         self.min_age = min_age
         self.confirm_delay = confirm_delay
-        self.registry_key = registry_key(prefix)
+        self._mutex = threading.Lock()
         self.leader_key = f"{prefix}:reaper"
         self.schedule_key = f"{prefix}:reaper:schedule"
         self.cursor_key = f"{prefix}:reaper:cursor"
+
+    def add_prefix(self, prefix: str) -> None:
+        """Reap the locks under ``prefix`` too: the lock prefix of an actor."""
+        with self._mutex:
+            if prefix not in self.prefixes:
+                self.prefixes = tuple(sorted({*self.prefixes, prefix}))
 
     def run(self, *, broker: Broker | None = None, max_passes: int | None = None) -> ReapReport:
         """Inspect the locks, from where the previous run stopped, until the
@@ -124,30 +140,34 @@ class Reaper:
         started = time.monotonic()
         report = ReapReport()
         owner = uuid.uuid4().hex
-        leader_ttl = max(60_000, 2 * self.lease_period)
         holder = Holder(message_id=owner, actor="dramatiq_unique_reaper", queue="", lock="reaper", state="running")
-        if not self.backend.acquire(self.leader_key, owner, limit=1, ttl=leader_ttl, holder=holder).acquired:
+        if not self.backend.acquire(self.leader_key, owner, limit=1, ttl=LEADER_TTL, holder=holder).acquired:
             self.logger.info("The orphan reaper is already running elsewhere; this run does nothing.")
             report.skipped = True
             return report
         try:
             locator = locator_for(broker)
-            cursor = self.backend.get_value(self.cursor_key) or "0"
+            prefixes = self.prefixes
+            index, cursor = self._resume(prefixes)
             while True:
-                cursor = self._pass(cursor, locator, report)
-                self.backend.set_value(self.cursor_key, cursor, ttl=CURSOR_TTL)
-                self.backend.renew(self.leader_key, owner, ttl=leader_ttl)
+                cursor = self._pass(prefixes[index], cursor, locator, report)
                 if cursor == "0":
+                    index += 1
+                if index == len(prefixes):
                     report.complete = True
-                    break
-                if max_passes is not None and report.passes >= max_passes:
+                    index = 0
+                # Where the next run starts: one position across the prefixes, each scanned in turn.
+                position = json.dumps([prefixes[index], cursor])
+                self.backend.set_value(self.cursor_key, position, ttl=CURSOR_TTL)
+                self.backend.renew(self.leader_key, owner, ttl=LEADER_TTL)
+                if report.complete or (max_passes is not None and report.passes >= max_passes):
                     break
             if report.complete:
-                # After a full cycle, workers silent for two lease periods have nothing left to reap.
-                now, _ = self.backend.heartbeats(self.registry_key)
-                report.forgotten_workers = self.backend.forget_workers(
-                    self.registry_key, before=now - 2 * self.lease_period
-                )
+                # After a full cycle, the dead workers leave the registries: any run lock of theirs
+                # still held is left to its lease, which ends about when the worker's time did.
+                for prefix in prefixes:
+                    now, _ = self.backend.heartbeats(registry_key(prefix))
+                    report.forgotten_workers += self.backend.forget_workers(registry_key(prefix), before=now)
         finally:
             self.backend.release(self.leader_key, owner)
         report.seconds = time.monotonic() - started
@@ -162,33 +182,46 @@ class Reaper:
         )
         return report
 
-    def _pass(self, cursor: str, locator: _Locator | None, report: ReapReport) -> str:
-        now, heartbeats = self.backend.heartbeats(self.registry_key)
-        stale = now - self.lease_period
-        cursor, records = self.backend.scan(self.prefix, cursor, self.batch)
+    def _resume(self, prefixes: tuple[str, ...]) -> tuple[int, str]:
+        """Where the previous run stopped: the index of a prefix, and a cursor under it."""
+        saved = self.backend.get_value(self.cursor_key)
+        if saved is None:
+            return 0, "0"
+        prefix, cursor = json.loads(saved)
+        # A prefix that is no longer in use: go on with the next one.
+        index = bisect.bisect_left(prefixes, prefix)
+        if index == len(prefixes):
+            return 0, "0"
+        return index, cursor if prefixes[index] == prefix else "0"
+
+    def _pass(self, prefix: str, cursor: str, locator: _Locator | None, report: ReapReport) -> str:
+        # Workers heartbeat into the registry of each prefix their actors use.
+        now, alive_until = self.backend.heartbeats(registry_key(prefix))
+        cursor, records = self.backend.scan(prefix, cursor, self.batch)
         report.passes += 1
         report.inspected += len(records)
-        queued = []
+        enqueue_locks = []
         for record in records:
             if record.expires_at is not None and record.expires_at <= now:
                 continue  # lapsed: the next operation on the lock drops it
-            state = record.holder.get("state")
-            if state == "running":
+            # Only run locks end with their worker. An enqueue lock recorded as running (replace)
+            # belongs to a message the broker redelivers when its worker dies (issue 8, defect 2).
+            if record.kind == RUN:
                 worker = record.holder.get("worker_id")
-                seen = heartbeats.get(worker)
-                # A worker missing from the registry (removed long after it died, or of a version
-                # without heartbeats) is only taken for dead once its lock is a lease period old.
-                if (seen if seen is not None else record.acquired_at) <= stale:
+                until = alive_until.get(worker)
+                # Each worker says how long it counts as alive: its heartbeat plus its own lease
+                # period (issue 8, defect 5). A worker missing from the registry (forgotten after
+                # it died, or not registered yet) may still run: its lock is left to its lease.
+                if until is not None and until <= now:
                     self._release(record, report, f"its worker {worker!r} stopped sending heartbeats")
             elif (
-                state == "queued"
-                and locator is not None
+                locator is not None
                 and record.holder.get("lock") != "until_expired"
                 and record.acquired_at <= now - self.min_age
             ):
-                queued.append(record)
-        if queued:
-            suspects = [r for r, gone in zip(queued, locator.missing(queued), strict=True) if gone]
+                enqueue_locks.append(record)
+        if enqueue_locks:
+            suspects = [r for r, gone in zip(enqueue_locks, locator.missing(enqueue_locks), strict=True) if gone]
             if suspects:
                 # A message moving between queues (a retry, a due delayed message) is
                 # enqueued again before its old copy goes: look again a moment later.
@@ -201,7 +234,7 @@ class Reaper:
     def _release(self, record: LockRecord, report: ReapReport, reason: str) -> None:
         if not self.backend.release_record(record.key, record.owner, record.record):
             return  # renewed, re-entered or released since it was read
-        if record.holder.get("state") == "running":
+        if record.kind == RUN:
             report.released_dead_workers += 1
         else:
             report.released_missing_messages += 1
@@ -295,17 +328,29 @@ def reap_orphans(
     *,
     broker: Broker | None = None,
     prefix: str = "dramatiq-unique",
-    lease_period: int = 30_000,
+    actor_prefixes: Iterable[str] = (),
     max_passes: int | None = None,
     batch: int = DEFAULT_BATCH,
     logger: logging.Logger | None = None,
 ) -> ReapReport:
-    """Run the orphan reaper once, without an actor (e.g. from a script or a CLI)."""
+    """Run the orphan reaper once, without an actor (e.g. from a script or a CLI).
+
+    Parameters:
+      backend(LockBackend): Where the locks are.
+      broker(Broker): The broker to ask whether a message still exists.
+      prefix(str): The middleware's lock prefix.
+      actor_prefixes(Iterable[str]): The ``lock_prefix`` of actors that have
+        their own: their locks are reaped in the same run.
+      max_passes(int): At most this many batches; ``None`` for a full cycle.
+      batch(int): About how many keys one pass inspects.
+      logger(Logger): Where each released lock is reported.
+    """
     reaper = Reaper(
         backend,
         prefix=prefix,
-        lease_period=lease_period,
         batch=batch,
         logger=logger or logging.getLogger("dramatiq_unique.reaper"),
     )
+    for actor_prefix in actor_prefixes:
+        reaper.add_prefix(actor_prefix)
     return reaper.run(broker=broker, max_passes=max_passes)

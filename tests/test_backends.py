@@ -357,15 +357,16 @@ def test_renew_never_goes_past_the_deadline_nor_shortens(backend):
     assert backend.renew(KEY, "t9", ttl=10) == 0  # a place that never lapses stays so
 
 
-def test_the_worker_registry_records_heartbeats_with_the_backends_clock(backend):
-    before = backend.heartbeat("dramatiq-unique:workers", "w1")
+def test_the_worker_registry_records_how_long_each_worker_counts_as_alive(backend):
+    # R1: each worker publishes its heartbeat plus its own lease period, by the backend's clock.
+    before = backend.heartbeat("dramatiq-unique:workers", "w1", ttl=1_000)
     time.sleep(0.01)
-    backend.heartbeat("dramatiq-unique:workers", "w2")
-    now, beats = backend.heartbeats("dramatiq-unique:workers")
-    assert set(beats) == {"w1", "w2"}
-    assert before == beats["w1"] < beats["w2"] <= now
+    backend.heartbeat("dramatiq-unique:workers", "w2", ttl=60_000)
+    now, alive_until = backend.heartbeats("dramatiq-unique:workers")
+    assert alive_until == {"w1": before + 1_000, "w2": alive_until["w2"]}
+    assert before < alive_until["w2"] - 60_000 <= now
     assert backend.forget_workers("dramatiq-unique:workers", worker_id="w2") == 1
-    assert backend.forget_workers("dramatiq-unique:workers", before=now + 1) == 1
+    assert backend.forget_workers("dramatiq-unique:workers", before=before + 1_001) == 1
     assert backend.heartbeats("dramatiq-unique:workers")[1] == {}
 
 
@@ -375,7 +376,10 @@ def test_scan_visits_every_lock_in_bounded_steps(backend):
         acquire(backend, f"m{i}", key=f"dramatiq-unique:{{d{i}}}", ttl=60_000)
     acquire(backend, "t0", key="dramatiq-unique:{d0}:run")
     acquire(backend, "x", key="other-prefix:{d0}")
-    backend.heartbeat("dramatiq-unique:workers", "w1")  # not a lock: never listed
+    backend.heartbeat("dramatiq-unique:workers", "w1", ttl=1_000)  # not a lock: never listed
+    # Nor is the set of replaced messages beside a digest's locks (issue 8, defect 1).
+    acquire(backend, "m1", key=KEY)
+    assert backend.replace(KEY, "m2", replaced_key=REPLACED_KEY, limit=1, ttl=None, holder=holder("m2")).replaced
     cursor, seen, steps = "0", [], 0
     while True:
         cursor, records = backend.scan("dramatiq-unique", cursor, 5)
@@ -385,7 +389,12 @@ def test_scan_visits_every_lock_in_bounded_steps(backend):
             break
     assert steps >= 3
     assert {(r.key, r.owner) for r in seen} == {(f"dramatiq-unique:{{d{i}}}", f"m{i}") for i in range(25)} | {
-        ("dramatiq-unique:{d0}:run", "t0")
+        ("dramatiq-unique:{d0}:run", "t0"),
+        (KEY, "m2"),
+    }
+    assert {r.key: r.kind for r in seen if r.key in (KEY, "dramatiq-unique:{d0}:run")} == {
+        KEY: "enqueue",
+        "dramatiq-unique:{d0}:run": "run",
     }
     record = next(r for r in seen if r.owner == "m3")
     assert record.holder["message_id"] == "m3" and record.holder["state"] == "queued"

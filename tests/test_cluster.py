@@ -416,7 +416,7 @@ def test_the_reaper_walks_every_master_of_a_cluster(cluster_client, redis_cluste
     backend = RedisBackend(client=cluster_client)
     planted = plant_orphans(backend, cluster_client, 60)
     dead_run_locks = {place for place in planted if place[0].endswith(":run")}
-    backend.heartbeat(registry_key(PREFIX), "live-host:1:0000")
+    backend.heartbeat(registry_key(PREFIX), "live-host:1:0000", ttl=30_000)
     live = set()
     for digest in digests(30, seed="live"):
         key, owner = run_key(PREFIX, digest), uuid.uuid4().hex
@@ -427,7 +427,7 @@ def test_the_reaper_walks_every_master_of_a_cluster(cluster_client, redis_cluste
         live.add((key, owner))
     assert all(keys for keys in redis_cluster.keys_per_master(f"{PREFIX}:{{*"))  # every master holds locks
 
-    report = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, batch=10, min_age=0).run()
+    report = Reaper(backend, prefix=PREFIX, logger=LOGGER, batch=10, min_age=0).run()
 
     assert report.complete and report.passes >= 3
     assert report.released == len(dead_run_locks) == 30

@@ -79,6 +79,14 @@ def settle(event_id):
     time.sleep(60)
     client.rpush("test:done", event_id)
 
+
+@dramatiq.actor(
+    broker=broker, queue_name="payments", lock="until_executed", on_conflict={"client": "replace"}, time_limit=120_000
+)
+def publish(doc_id):
+    client.rpush("test:started", doc_id)
+    time.sleep(60)
+
 """
 
 
@@ -127,8 +135,14 @@ def kill(cli) -> float:
     except ProcessLookupError:
         cli.log.seek(0)
         raise AssertionError(f"the worker process was gone before the kill: {cli.log.read().decode()}") from None
-    # The dramatiq CLI's main process reaps it.
-    wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2])
+
+    def dead() -> bool:
+        try:
+            return "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        except FileNotFoundError:
+            return True  # the dramatiq CLI's main process reaped it
+
+    wait_for(dead)
     return time.monotonic()
 
 
@@ -210,6 +224,86 @@ def test_a_killed_workers_until_executed_message_is_redelivered_and_runs_once(
     assert client.llen("test:done") == 0  # the killed attempt never completed
     assert env.is_free(digest)
     assert enqueue_outcome(settle.send("evt_1")).enqueued
+
+
+def kill_while_publishing(env, worker, client):
+    """Send ``publish`` (until_executed, replace), SIGKILL the worker process once the message
+    runs there, and return the actor, the message and the list of its runs in this process."""
+    ran = []
+
+    @env.actor(
+        actor_name="publish",
+        queue_name="payments",
+        lock="until_executed",
+        on_conflict={"client": "replace"},
+        time_limit=120_000,
+    )
+    def publish(doc_id):
+        ran.append(current_lock().message_id)
+
+    message = publish.send("doc_1")
+    wait_for(lambda: client.llen("test:started") == 1)
+    kill(worker)
+    return publish, message, ran
+
+
+@pytest.mark.slow
+def test_the_reaper_keeps_the_lock_of_a_killed_workers_message_that_is_redelivered(
+    crash_env,
+    redis_url,
+    processes,  # noqa: F811
+    tmp_path,
+):
+    # Issue 8, defect 2 (R2, R3): with replace, an until_executed message records its enqueue lock
+    # as running when it starts. Once its worker is SIGKILLed, the reaper asks the broker, which
+    # still has the message (it is redelivered), so the lock stays: a duplicate sent meanwhile is
+    # refused, and the redelivered original runs once.
+    env, client = crash_env, crash_env.broker.client
+    worker = start_worker(processes, tmp_path, redis_url, client)
+    publish, message, ran = kill_while_publishing(env, worker, client)
+    digest = enqueue_outcome(message).digest
+    time.sleep(2 * LEASE / 1000)  # the killed worker is dead by its lease
+
+    env.middleware.reaper.min_age = 0
+    report = env.middleware.reaper.run(broker=env.broker)
+    assert report.complete and report.released == 0
+    assert not env.is_free(digest)
+    duplicate = publish.send("doc_1")
+    assert not enqueue_outcome(duplicate).enqueued
+    assert enqueue_outcome(duplicate).holder == message.message_id
+
+    env.worker(threads=1)
+    wait_for(lambda: ran, timeout=20)
+    env.join(publish)
+    assert ran == [message.message_id]
+    assert env.is_free(digest)
+
+
+@pytest.mark.slow
+def test_the_reaper_frees_the_lock_of_a_killed_workers_message_that_was_purged(
+    crash_env,
+    redis_url,
+    processes,  # noqa: F811
+    tmp_path,
+):
+    # Issue 8, defect 2 (R2): recorded as running, the enqueue lock still names the message's
+    # RedisBroker id, so once the broker has lost the message (a purge after the crash), the
+    # reaper frees the lock and the job can be sent again.
+    env, client = crash_env, crash_env.broker.client
+    worker = start_worker(processes, tmp_path, redis_url, client)
+    publish, message, ran = kill_while_publishing(env, worker, client)
+    env.broker.flush("payments")
+
+    env.middleware.reaper.min_age = 0
+    report = env.middleware.reaper.run(broker=env.broker)
+    assert report.released_missing_messages == 1
+    assert env.is_free(enqueue_outcome(message).digest)
+    again = publish.send("doc_1")
+    assert enqueue_outcome(again).enqueued
+
+    env.worker(threads=1)
+    env.join(publish)
+    assert ran == [again.message_id]
 
 
 # Leases in one process, on both backends --------------------------------------------

@@ -12,46 +12,63 @@ import uuid
 import pytest
 from dramatiq.brokers.redis import RedisBroker
 
-from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome, reap_orphans
 from dramatiq_unique.backends import Holder
-from dramatiq_unique.liveness import registry_key
+from dramatiq_unique.liveness import registry_key, worker_id
 from dramatiq_unique.reaper import Reaper
 
 from .support import Env, Gate, wait_for
 
 PREFIX = "dramatiq-unique"
+#: The lock_prefix of an actor that has its own.
+BILLING = "billing"
 LOGGER = logging.getLogger("test.reaper")
 
 
-def scan_all(backend) -> set[tuple[str, str]]:
+def scan_all(backend, prefix: str = PREFIX) -> set[tuple[str, str]]:
     """Every (key, owner) place held under the prefix."""
     cursor, places = "0", set()
     while True:
-        cursor, records = backend.scan(PREFIX, cursor, 1000)
+        cursor, records = backend.scan(prefix, cursor, 1000)
         places.update((r.key, r.owner) for r in records)
         if cursor == "0":
             return places
 
 
-def plant_orphans(backend, client, count: int, *, dead_worker: str = "dead-host:1:0000") -> set[tuple[str, str]]:
-    """Half run locks of a worker whose heartbeat stopped ten minutes ago (with a long lease, as
-    a killed worker leaves them), half enqueue locks whose RedisBroker message does not exist."""
-    now = backend.heartbeats(registry_key(PREFIX))[0]
-    client.zadd(registry_key(PREFIX), {dead_worker: now - 600_000})
+def plant_orphans(
+    backend, client, count: int, *, dead_worker: str = "dead-host:1:0000", prefix: str = PREFIX
+) -> set[tuple[str, str]]:
+    """Half run locks of a worker whose time ran out ten minutes ago (with a long lease, as a
+    killed worker leaves them), half enqueue locks whose RedisBroker message does not exist."""
+    now = backend.heartbeats(registry_key(prefix))[0]
+    client.zadd(registry_key(prefix), {dead_worker: now - 600_000})
     planted = set()
     for i in range(count):
         digest, owner = uuid.uuid4().hex, uuid.uuid4().hex
         if i % 2:
-            key = f"{PREFIX}:{{{digest}}}:run"
+            key = f"{prefix}:{{{digest}}}:run"
             holder = Holder(f"gone-{i}", "sync", "default", "while_executing", "running", worker_id=dead_worker)
             ttl = 600_000
         else:
-            key, owner = f"{PREFIX}:{{{digest}}}", f"gone-{i}"
+            key, owner = f"{prefix}:{{{digest}}}", f"gone-{i}"
             holder = Holder(owner, "settle", "default", "until_executed", "queued", redis_message_id=str(uuid.uuid4()))
             ttl = None
         assert backend.acquire(key, owner, limit=1, ttl=ttl, holder=holder).acquired
         planted.add((key, owner))
     return planted
+
+
+def lose(env, message) -> None:
+    """The broker loses ``message`` (a purge): its lock is left behind."""
+    if env.kind == "stub":
+        queue = env.broker.queues[message.queue_name]
+        with queue.mutex:
+            queue.queue.remove(next(p for p in queue.queue if message.message_id.encode() in p))
+            queue.unfinished_tasks -= 1
+    else:
+        rid = message.options["redis_message_id"]
+        env.broker.client.hdel(f"dramatiq:{message.queue_name}.msgs", rid)
+        env.broker.client.lrem(f"dramatiq:{message.queue_name}", 0, rid)
 
 
 @pytest.fixture
@@ -131,7 +148,7 @@ def test_one_cycle_releases_exactly_the_orphans_among_thousands_of_live_locks(re
     assert len(live) >= 5000
     orphans = plant_orphans(backend, client, 20)
 
-    reaper = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, batch=500, min_age=0)
+    reaper = Reaper(backend, prefix=PREFIX, logger=LOGGER, batch=500, min_age=0)
     started = time.monotonic()
     report_ = reaper.run(broker=env.broker)
     elapsed = time.monotonic() - started
@@ -161,7 +178,7 @@ def test_two_reapers_started_at_once_only_one_works(redis_client, caplog):
     reports = []
 
     def run():
-        reaper = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, batch=40, min_age=0)
+        reaper = Reaper(backend, prefix=PREFIX, logger=LOGGER, batch=40, min_age=0)
         start.wait()
         reports.append(reaper.run(broker=broker))
 
@@ -183,7 +200,7 @@ def test_a_stopped_reaper_resumes_where_it_stopped(redis_client):
     # R4: max_passes bounds a run; the cursor is saved and the next run goes on from it.
     backend = RedisBackend(client=redis_client)
     plant_orphans(backend, redis_client, 100)
-    reaper = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, batch=20, min_age=0)
+    reaper = Reaper(backend, prefix=PREFIX, logger=LOGGER, batch=20, min_age=0)
     first = reaper.run(max_passes=1)
     assert first.passes == 1 and not first.complete
     rest = reaper.run()
@@ -201,15 +218,8 @@ def test_enqueue_locks_on_a_stub_broker(env):
 
     kept = settle.send("evt_1")
     lost = settle.send("evt_2")
-    # The broker loses evt_2 (a purge); its lock is left behind.
-    if env.kind == "stub":
-        queue = env.broker.queues[settle.queue_name]
-        with queue.mutex:
-            queue.queue.remove(next(p for p in queue.queue if lost.message_id.encode() in p))
-            queue.unfinished_tasks -= 1
-    else:
-        env.broker.client.hdel(f"dramatiq:{settle.queue_name}.msgs", lost.options["redis_message_id"])
-    reaper = Reaper(env.backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER, min_age=0)
+    lose(env, lost)
+    reaper = Reaper(env.backend, prefix=PREFIX, logger=LOGGER, min_age=0)
     report = reaper.run(broker=env.broker)
     assert (report.released_missing_messages, report.inspected) == (1, 2)
     assert env.is_free(enqueue_outcome(lost).digest)
@@ -253,15 +263,140 @@ def test_workers_trigger_the_reaper_actor_once_per_interval(triggering_env):
     assert sum(run["released_missing_messages"] for run in runs) == 1
 
 
-def test_run_locks_of_an_unregistered_worker_wait_a_lease_period(redis_client):
-    # R3: a worker missing from the registry (removed after it died, or of a version without
-    # heartbeats) may still be running: its run lock is only reaped once a lease period old.
+def test_run_locks_of_an_unregistered_worker_are_left_to_their_lease(redis_client):
+    # R3: a worker missing from the registry (forgotten after it died, or not registered under
+    # this prefix yet) may still be running: only its lease ends its run lock, however old.
     backend = RedisBackend(client=redis_client)
     now = backend.heartbeats(registry_key(PREFIX))[0]
-    for name, acquired_at in (("young", now - 1_000), ("old", now - 31_000)):
+    for name, acquired_at in (("young", now - 1_000), ("old", now - 600_000)):
         holder = Holder(name, "sync", "default", "while_executing", "running", worker_id="old-host:7")
         record = f"{now + 600_000}|1|{acquired_at}|{holder.to_json()}"
         redis_client.hset(f"{PREFIX}:{{{name}}}:run", mapping={"fence": 1, "t": record})
-    report = Reaper(backend, prefix=PREFIX, lease_period=30_000, logger=LOGGER).run()
-    assert report.released_dead_workers == 1
-    assert scan_all(backend) == {(f"{PREFIX}:{{young}}:run", "t")}
+    report = Reaper(backend, prefix=PREFIX, logger=LOGGER).run()
+    assert report.released == 0
+    assert scan_all(backend) == {(f"{PREFIX}:{{young}}:run", "t"), (f"{PREFIX}:{{old}}:run", "t")}
+
+
+@pytest.mark.parametrize("env", ["stub", "redis", "cluster"], indirect=True)
+def test_the_reaper_works_after_a_message_was_replaced(env):
+    # Issue 8, defect 1 (R2, R4): a replaced message leaves a set of replaced messages beside its
+    # digest's locks; the reaper's scan passes it by, still releases the orphans, and the
+    # replaced message is still skipped when it reaches a worker.
+    gate = Gate()
+
+    @env.actor(lock="until_executed", on_conflict={"client": "replace"}, lock_args_method=lambda key, label: [key])
+    def publish(key, label):
+        gate.enter(label)
+
+    older = publish.send("doc_1", "rev_1")
+    newer = publish.send("doc_1", "rev_2")
+    assert enqueue_outcome(newer).replaced == older.message_id
+    lost = publish.send("doc_2", "rev_1")
+    lose(env, lost)
+
+    report = Reaper(env.backend, prefix=PREFIX, logger=LOGGER, min_age=0).run(broker=env.broker)
+
+    assert report.complete and report.released_missing_messages == 1
+    assert env.is_free(enqueue_outcome(lost).digest)
+    assert not env.is_free(enqueue_outcome(newer).digest)
+    gate.open()
+    env.worker()
+    env.join(publish)
+    assert gate.runs == ["rev_2"]
+
+
+def test_the_reaper_takes_each_workers_liveness_from_what_it_published(env):
+    # Issue 8, defect 5 (R1, R3): after each heartbeat a worker counts as alive for its own lease
+    # period, whatever lease the process running the reaper has: a worker on the default 30 s
+    # lease, last heard from half a second ago, keeps its run lock against the reaper of a
+    # process on a 300 ms lease.
+    gate = Gate()
+
+    @env.actor(lock="while_executing", lock_args_method=lambda key, n: [key])
+    def sync(key, n):
+        gate.enter(n)
+
+    sync.send("acct_1", 0)
+    env.worker()
+    wait_for(lambda: gate.runs == [0])
+    time.sleep(0.5)  # past the other process's lease; its next heartbeat is 5 s after the first
+    other = UniqueJobs(backend=env.backend, lease_period=300, heartbeat_interval=100)
+    report = other.reaper.run(broker=env.broker)
+
+    assert report.complete and report.released == 0
+    sync.send("acct_1", 1)
+    env.wait_for_skips(1)  # the duplicate met the running message's lock
+    gate.open()
+    env.join(sync)
+    assert gate.runs == [0]
+
+
+def test_workers_are_known_alive_under_every_lock_prefix_in_use(env):
+    # Issue 8, defect 4 (R1, R3): a worker heartbeats into the registry of each lock prefix its
+    # actors use, so a reaper of an actor's own prefix sees it alive, even one in a process on a
+    # 300 ms lease: the run lock it holds there stays, and a duplicate is still dropped.
+    gate = Gate()
+
+    @env.actor(lock="while_executing", lock_prefix=BILLING, lock_args_method=lambda key, n: [key])
+    def invoice(key, n):
+        gate.enter(n)
+
+    invoice.send("acct_1", 0)
+    env.worker()
+    wait_for(lambda: gate.runs == [0])
+    time.sleep(0.5)  # past the other process's lease; this worker's next heartbeat is 5 s after its first
+    other = UniqueJobs(backend=env.backend, lock_prefix=BILLING, lease_period=300, heartbeat_interval=100)
+    report = other.reaper.run(broker=env.broker)
+    assert report.complete and report.released == 0
+    assert reap_orphans(env.backend, broker=env.broker, prefix=BILLING).released == 0
+
+    invoice.send("acct_1", 1)
+    env.wait_for_skips(1)  # the duplicate met the running message's lock
+    gate.open()
+    env.join(invoice)
+    assert gate.runs == [0]
+    assert set(env.backend.heartbeats(registry_key(BILLING))[1]) == {worker_id()}
+
+
+def test_one_reaper_run_covers_the_locks_of_actors_with_their_own_prefix(env):
+    # Issue 8, defect 4 (R2): the middleware's reaper covers its own lock prefix and those of its
+    # actors: the lock of a lost message is released under each, the others stay.
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    @env.actor(lock="until_executed", lock_prefix=BILLING)
+    def invoice(event_id):
+        pass
+
+    kept, kept_billing = settle.send("evt_1"), invoice.send("evt_1")
+    lost, lost_billing = settle.send("evt_2"), invoice.send("evt_2")
+    lose(env, lost)
+    lose(env, lost_billing)
+    env.middleware.reaper.min_age = 0
+    report = env.middleware.reaper.run(broker=env.broker)
+
+    assert report.complete and report.released_missing_messages == 2
+    assert env.is_free(enqueue_outcome(lost).digest)
+    assert env.is_free(enqueue_outcome(lost_billing).digest, prefix=BILLING)
+    assert not env.is_free(enqueue_outcome(kept).digest)
+    assert not env.is_free(enqueue_outcome(kept_billing).digest, prefix=BILLING)
+
+
+def test_a_stopped_reaper_resumes_where_it_stopped_across_prefixes(redis_client):
+    # R4 + issue 8, defect 4: a run goes through the prefixes one after the other, each with its
+    # own cursor; a run stopped by max_passes is resumed by the next, until a full cycle.
+    backend = RedisBackend(client=redis_client)
+    planted = plant_orphans(backend, redis_client, 40) | plant_orphans(backend, redis_client, 40, prefix=BILLING)
+    reaper = Reaper(backend, prefix=PREFIX, logger=LOGGER, batch=10, min_age=0)
+    reaper.add_prefix(BILLING)
+    runs = [reaper.run(max_passes=2)]
+    while not runs[-1].complete:
+        runs.append(reaper.run(max_passes=2))
+
+    assert len(runs) > 2 and all(run.passes <= 2 for run in runs)
+    assert sum(run.released_dead_workers for run in runs) == 40  # no broker given: only run locks
+    assert sum(run.inspected for run in runs) >= 80
+    live = {place for place in planted if not place[0].endswith(":run")}
+    assert scan_all(backend) | scan_all(backend, BILLING) == live
+    assert reaper.run().inspected >= 40  # the next run starts a new cycle

@@ -15,6 +15,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..keys import ENQUEUE, RUN, lock_kind
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -72,6 +74,11 @@ class LockRecord:
     token: int
     acquired_at: int
     holder: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        """``"enqueue"`` or ``"run"``: which lock of its digest the place is in, told by the key."""
+        return RUN if lock_kind(self.key) == RUN else ENQUEUE
 
     @classmethod
     def parse(cls, key: str, owner: str, record: str) -> LockRecord:
@@ -209,8 +216,9 @@ class LockBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def heartbeat(self, key: str, worker_id: str) -> int:
-        """Record that ``worker_id`` is alive now in the registry at ``key``.
+    def heartbeat(self, key: str, worker_id: str, *, ttl: int) -> int:
+        """Record in the registry at ``key`` that ``worker_id`` counts as alive
+        for ``ttl`` ms from now (its lease period): until its next heartbeat, or its death.
 
         Returns:
           int: Now, in ms of the backend's clock.
@@ -218,11 +226,13 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
-        """The registry at ``key``: now, and each worker's last heartbeat, in ms of the backend's clock."""
+        """The registry at ``key``: now, and the time until which each worker
+        counts as alive, in ms of the backend's clock."""
 
     @abc.abstractmethod
     def forget_workers(self, key: str, *, worker_id: str | None = None, before: int | None = None) -> int:
-        """Remove ``worker_id``, or every worker last seen before ``before``, from the registry at ``key``.
+        """Remove ``worker_id``, or every worker that counted as alive only
+        until before ``before``, from the registry at ``key``.
 
         Returns:
           int: How many were removed.
@@ -232,7 +242,8 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
-        """One bounded step through the locks under ``prefix`` (SPEC R4).
+        """One bounded step through the locks under ``prefix``: the
+        enqueue and run locks, not the other keys of a digest.
 
         Parameters:
           prefix(str): The lock prefix.

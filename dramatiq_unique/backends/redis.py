@@ -10,6 +10,7 @@ from typing import Any
 import redis
 
 from ..errors import InvalidBackendOptions, LockBackendError
+from ..keys import lock_kind
 from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord
 
 #: The Lua functions every script starts with.
@@ -114,8 +115,8 @@ class RedisBackend(LockBackend):
         reply = int(self._call(self._renew, [key], [owner, ttl, deadline or 0]))
         return None if reply < 0 else reply
 
-    def heartbeat(self, key: str, worker_id: str) -> int:
-        return int(self._call(self._heartbeat, [key], [worker_id]))
+    def heartbeat(self, key: str, worker_id: str, *, ttl: int) -> int:
+        return int(self._call(self._heartbeat, [key], [worker_id, ttl]))
 
     def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
         reply = self._call(self._heartbeats, [key], [])
@@ -133,13 +134,15 @@ class RedisBackend(LockBackend):
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
         # Lock keys are "<prefix>:{<digest>}" and "<prefix>:{<digest>}:run"; a glob
         # character in the prefix is escaped. SCAN costs O(count) per step (SPEC R4).
+        # Only hashes are listed: a digest's other keys (the replaced set) are no locks.
         pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + ":{*"
         try:
             if _is_cluster(self.client):
                 next_cursor, keys = self._scan_cluster(cursor, pattern, count)
             else:
-                position, keys = self.client.scan(int(cursor), match=pattern, count=count)
+                position, keys = self.client.scan(int(cursor), match=pattern, count=count, _type="hash")
                 next_cursor = str(position)
+            keys = [key for key in map(_text, keys) if lock_kind(key)]
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
                 pipe.hgetall(key)
@@ -148,7 +151,6 @@ class RedisBackend(LockBackend):
             raise _backend_error(e) from e
         records = []
         for key, fields in zip(keys, contents, strict=True):
-            key = _text(key)
             for owner, record in fields.items():
                 owner = _text(owner)
                 if owner != "fence":
@@ -163,7 +165,7 @@ class RedisBackend(LockBackend):
         if index >= len(nodes):
             return "0", []
         # RedisCluster.scan answers ({node name: cursor}, keys).
-        cursors, keys = self.client.scan(position, match=pattern, count=count, target_nodes=nodes[index])
+        cursors, keys = self.client.scan(position, match=pattern, count=count, _type="hash", target_nodes=nodes[index])
         position = next(iter(cursors.values())) if isinstance(cursors, dict) else cursors
         if int(position) == 0:
             index, position = index + 1, 0

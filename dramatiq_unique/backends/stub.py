@@ -6,6 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..keys import lock_kind
 from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord
 
 
@@ -119,10 +120,10 @@ class StubBackend(LockBackend):
             place.expires_at = max(place.expires_at, target)
             return place.expires_at
 
-    def heartbeat(self, key: str, worker_id: str) -> int:
+    def heartbeat(self, key: str, worker_id: str, *, ttl: int) -> int:
         with self._mutex:
             now = _now()
-            self._workers.setdefault(key, {})[worker_id] = now
+            self._workers.setdefault(key, {})[worker_id] = now + ttl
             return now
 
     def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
@@ -132,7 +133,7 @@ class StubBackend(LockBackend):
     def forget_workers(self, key: str, *, worker_id: str | None = None, before: int | None = None) -> int:
         with self._mutex:
             workers = self._workers.get(key, {})
-            gone = [w for w, seen in workers.items() if w == worker_id or (before is not None and seen < before)]
+            gone = [w for w, alive in workers.items() if w == worker_id or (before is not None and alive < before)]
             for w in gone:
                 del workers[w]
             return len(gone)
@@ -142,7 +143,7 @@ class StubBackend(LockBackend):
         with self._mutex:
             now = _now()
             after = "" if cursor == "0" else cursor[2:]
-            keys = sorted(k for k in self._locks if k.startswith(prefix + ":{") and k > after)[:count]
+            keys = sorted(k for k in self._locks if k.startswith(prefix + ":{") and lock_kind(k) and k > after)[:count]
             records = [
                 LockRecord.parse(key, owner, place.record())
                 for key in keys
