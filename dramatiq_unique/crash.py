@@ -101,13 +101,12 @@ class CrashSafety:
             return reaper.run(broker=broker, max_passes=max_passes).as_dict()
 
         self.reaper_actor = dramatiq.actor(
-            dramatiq_unique_reaper,
             broker=broker,
             actor_name=REAPER_ACTOR_NAME,
             queue_name=self.reaper_queue,
             max_retries=0,
             lock=None,
-        )
+        )(dramatiq_unique_reaper)
         return self.reaper_actor
 
     def _maybe_trigger_reaper(self, now: int) -> None:

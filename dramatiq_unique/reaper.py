@@ -208,7 +208,7 @@ class Reaper:
             # belongs to a message the broker redelivers when its worker dies (issue 8, defect 2).
             if record.kind == RUN:
                 worker = record.holder.get("worker_id")
-                until = alive_until.get(worker)
+                until = alive_until.get(worker) if isinstance(worker, str) else None
                 # Each worker says how long it counts as alive: its heartbeat plus its own lease
                 # period (issue 8, defect 5). A worker missing from the registry (forgotten after
                 # it died, or not registered yet) may still run: its lock is left to its lease.
@@ -220,7 +220,7 @@ class Reaper:
                 and record.acquired_at <= now - self.min_age
             ):
                 enqueue_locks.append(record)
-        if enqueue_locks:
+        if enqueue_locks and locator is not None:
             suspects = [r for r, gone in zip(enqueue_locks, locator.missing(enqueue_locks), strict=True) if gone]
             if suspects:
                 # A message moving between queues (a retry, a due delayed message) is
@@ -290,7 +290,7 @@ class _StubLocator(_Locator):
         known: dict[str, set[str] | None] = {}
         answers = []
         for record in records:
-            queue = record.holder.get("queue")
+            queue = str(record.holder.get("queue", ""))
             if queue not in known:
                 known[queue] = self._message_ids(queue)
             ids = known[queue]

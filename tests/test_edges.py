@@ -2,7 +2,8 @@
 pipeline steps, group callbacks), `replace` across actors and after a lapse, re-driven dead
 letters, reschedules that keep the caller's delay, and redeliveries under `lock_limit`.
 
-Each test runs on StubBroker + StubBackend and on RedisBroker + RedisBackend with real Workers.
+Each test runs on StubBroker + StubBackend and on RedisBroker + RedisBackend with real Workers;
+those whose fix lives in the backend's scripts also with the locks on a real Redis Cluster.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from dramatiq_unique import InvalidLockOptions, UniqueJobs, enqueue_outcome
 
 from .support import Gate, wait_for
 
+#: Stub, Redis, and the locks on a three-master Redis Cluster.
+ON_EVERY_BACKEND = pytest.mark.parametrize("env", ["stub", "redis", "cluster"], indirect=True)
+
 
 def enqueue_without_middleware(env, message, *, delay: int) -> None:
     """Put a delayed message on the broker as a producer without UniqueJobs would (L6)."""
@@ -38,6 +42,7 @@ def enqueue_without_middleware(env, message, *, delay: int) -> None:
 # Delay-queue moves never raise (L6) ------------------------------------------------
 
 
+@ON_EVERY_BACKEND
 def test_a_due_message_from_a_producer_without_the_middleware_is_rescheduled_not_lost(env, caplog):
     # Under on_conflict="raise" the move out of the delay queue used to raise DuplicateMessage in
     # the consumer thread: the consumer crashed and the message never ran.
@@ -64,6 +69,7 @@ def test_a_due_message_from_a_producer_without_the_middleware_is_rescheduled_not
 # replace (C4) ---------------------------------------------------------------------------
 
 
+@ON_EVERY_BACKEND
 def test_replace_never_evicts_a_message_of_an_actor_that_does_not_replace(env, caplog):
     # unique_across_actors: a `replace` actor shares the lock of a `log` actor. The log actor's
     # queued message would run anyway, so it must not be recorded as replaced.
@@ -88,6 +94,7 @@ def test_replace_never_evicts_a_message_of_an_actor_that_does_not_replace(env, c
     assert runs == [("import", "f1")]
 
 
+@ON_EVERY_BACKEND
 def test_a_running_message_whose_lock_lapsed_in_the_queue_is_never_replaced(env):
     # until_executed + replace + lock_ttl: the lapsed lock is taken again at start, as running.
     gate = Gate()
@@ -112,6 +119,7 @@ def test_a_running_message_whose_lock_lapsed_in_the_queue_is_never_replaced(env)
     assert gate.runs == [("d", 1)]
 
 
+@ON_EVERY_BACKEND
 @pytest.mark.parametrize("lock", ["until_executing", "until_and_while_executing"])
 def test_a_retry_of_an_older_message_never_evicts_the_newest(env, lock, caplog):
     # The docs' publish_preview(doc_id, revision): revision 1 fails while revision 2 waits;
@@ -177,6 +185,7 @@ def test_a_second_unique_jobs_added_after_the_actors_is_refused(env):
 # A re-driven dead letter is a new send (L6) ------------------------------------------------
 
 
+@ON_EVERY_BACKEND
 def test_a_dead_lettered_message_enqueued_again_meets_the_lock_of_a_newer_copy(env):
     fail = {"evt_1"}
     runs = []
@@ -280,6 +289,7 @@ def test_a_pipeline_step_that_meets_a_lock_waits_for_it_so_the_pipeline_goes_on(
 # Redeliveries under lock_limit (L7, L8) ------------------------------------------------
 
 
+@ON_EVERY_BACKEND
 def test_a_redelivery_never_takes_a_second_place_beside_its_running_attempt(env):
     gate = Gate()
 

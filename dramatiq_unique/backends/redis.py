@@ -8,6 +8,7 @@ from importlib import resources
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 
 from ..errors import InvalidBackendOptions, LockBackendError
 from ..keys import lock_kind
@@ -159,17 +160,18 @@ class RedisBackend(LockBackend):
 
     def _scan_cluster(self, cursor: str, pattern: str, count: int) -> tuple[str, list[Any]]:
         # Node by node, primaries in a stable order: the cursor is "<node index>:<node cursor>".
-        nodes = sorted(self.client.get_primaries(), key=lambda node: node.name)
-        index, _, position = cursor.partition(":") if cursor != "0" else ("0", "", "0")
-        index, position = int(index), int(position or 0)
+        client: Any = self.client  # a RedisCluster: its scan takes target_nodes
+        nodes = sorted(client.get_primaries(), key=lambda node: node.name)
+        node_index, _, node_cursor = cursor.partition(":") if cursor != "0" else ("0", "", "0")
+        index, position = int(node_index), int(node_cursor or 0)
         if index >= len(nodes):
             return "0", []
         # RedisCluster.scan answers ({node name: cursor}, keys).
-        cursors, keys = self.client.scan(position, match=pattern, count=count, _type="hash", target_nodes=nodes[index])
-        position = next(iter(cursors.values())) if isinstance(cursors, dict) else cursors
-        if int(position) == 0:
+        cursors, keys = client.scan(position, match=pattern, count=count, _type="hash", target_nodes=nodes[index])
+        position = int(next(iter(cursors.values())) if isinstance(cursors, dict) else cursors)
+        if position == 0:
             index, position = index + 1, 0
-        return ("0" if index >= len(nodes) else f"{index}:{position}"), keys
+        return ("0" if index >= len(nodes) else f"{index}:{position}"), list(keys)
 
     def release_record(self, key: str, owner: str, record: str) -> bool:
         return bool(self._call(self._release_record, [key], [owner, record]))
@@ -187,7 +189,7 @@ class RedisBackend(LockBackend):
         except redis.RedisError as e:
             raise _backend_error(e) from e
 
-    def _call(self, script, keys: list[str], args: list[Any]) -> Any:
+    def _call(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         deadline = None
         while True:
             try:
