@@ -90,8 +90,8 @@ class Liveness:
         self._users = 0
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
-        #: The backend's clock minus ours, in milliseconds, as of the last heartbeat.
-        self._offset = 0
+        #: The backend's clock at the last heartbeat (ms), and our monotonic clock then (s).
+        self._synced: tuple[int, float] | None = None
 
     @property
     def worker_id(self) -> str:
@@ -100,6 +100,16 @@ class Liveness:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def backend_time(self) -> int | None:
+        """Now on the backend's clock, in milliseconds, estimated from the last
+        heartbeat's answer; ``None`` before one was answered. Times the backend
+        recorded are compared with this, never with this machine's clock."""
+        # SPEC S3: time decisions follow the server's clock.
+        if self._synced is None:
+            return None
+        now, at = self._synced
+        return now + int((time.monotonic() - at) * 1000)
 
     # Lifecycle ------------------------------------------------------------------
 
@@ -189,17 +199,22 @@ class Liveness:
                 self.logger.exception("The heartbeat of worker %r failed.", self.worker_id)
 
     def _beat(self) -> int | None:
-        sent = time.time() * 1000
+        sent = time.monotonic()
         try:
             now = self.backend.heartbeat(self.registry_key, self.worker_id)
         except LockBackendError as e:
             self.logger.warning("Worker %r could not send its heartbeat: %s", self.worker_id, e)
             return None
-        self._offset = int(now - (sent + time.time() * 1000) / 2)
+        # The server read its clock about halfway through the round trip. Our monotonic
+        # clock, unlike our wall clock, does not step.
+        self._synced = (now, (sent + time.monotonic()) / 2)
         return now
 
     def _renew_due(self) -> None:
-        horizon = time.time() * 1000 + self._offset + 2 * self.heartbeat_interval
+        now = self.backend_time()
+        if now is None:
+            return
+        horizon = now + 2 * self.heartbeat_interval
         with self._mutex:
             due = [(k, lease) for k, lease in self._leases.items() if lease.expires_at <= horizon]
         for (key, owner), lease in due:

@@ -1,6 +1,6 @@
-"""Clocks that step (SPEC L10; issue 9): a Valkey server whose clock really moves, under
+"""Clocks that step (SPEC S3, L9, L10; issue 9 items 2 and 3): a Valkey server whose clock really moves, under
 libfaketime, while the tests' own clock does not. Fencing tokens keep increasing when the server's
-clock steps back."""
+clock steps back, and the worker judges a lock's lapse by the server's clock, not its own."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from dramatiq.brokers.redis import RedisBroker
 
-from dramatiq_unique import RedisBackend, StubBackend
+from dramatiq_unique import RedisBackend, StubBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.backends import Holder, stub
 
-from .support import wait_for
+from .support import Env, Gate, wait_for
 
 #: Debian's libfaketime package, for any architecture.
 LIBFAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), None)
@@ -187,3 +188,64 @@ def test_stub_tokens_keep_increasing_when_its_clock_steps_back(monkeypatch):
     monkeypatch.setattr(stub, "time", behind)
     second = backend.acquire(KEY, "m2", limit=1, ttl=None, holder=holder("m2"))
     assert second.acquired and second.token > first.token
+
+
+# The lapse check at start (L9, S3) ---------------------------------------------------------
+
+
+@pytest.fixture
+def stepped_env(server):
+    broker = RedisBroker(client=server.client)
+    broker.emit_after("process_boot")
+    backend = CountingBackend(client=server.client)
+    env = Env("redis", broker, backend, UniqueJobs(backend=backend))
+    yield from env.run()
+
+
+class CountingBackend(RedisBackend):
+    """Counts acquisitions, the round trips the lapse check at start may add."""
+
+    acquires = 0
+
+    def acquire(self, *args, **kwargs):
+        self.acquires += 1
+        return super().acquire(*args, **kwargs)
+
+
+def test_a_lock_that_lapsed_by_the_servers_clock_is_taken_again_at_start(stepped_env, server):
+    # L9 + S3: Redis is 5 s ahead of the worker. By the server's clock the lock lapsed while its
+    # message waited, although by the worker's clock it has two seconds left: the message
+    # takes it again when it starts, so a duplicate sent while it runs is dropped.
+    env, gate = stepped_env, Gate()
+
+    @env.actor(lock="until_executed", lock_ttl=3_000)
+    def settle(event_id):
+        gate.enter(event_id)
+
+    message = settle.send("evt_1")
+    server.step_to(+5)
+    env.worker()
+    wait_for(lambda: gate.count("evt_1") == 1)
+    duplicate = settle.send("evt_1")
+    assert not enqueue_outcome(duplicate).enqueued
+    assert enqueue_outcome(duplicate).holder == message.message_id
+    gate.open()
+    env.join(settle)
+    assert gate.runs == ["evt_1"]
+
+
+def test_a_lock_far_from_lapsing_by_the_servers_clock_costs_no_round_trip_at_start(stepped_env, server):
+    # P1 + S3: Redis is 5 s behind the worker. By the worker's clock the lock lapsed, by the
+    # server's it has seconds left: starting the message does not take it again.
+    env, runs = stepped_env, []
+
+    @env.actor(lock="until_executed", lock_ttl=4_000)
+    def settle(event_id):
+        runs.append(event_id)
+
+    server.step_to(-5)
+    settle.send("evt_1")
+    env.worker()
+    env.join(settle)
+    assert runs == ["evt_1"]
+    assert env.backend.acquires == 1  # the send's; none at start
