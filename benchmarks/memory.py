@@ -1,5 +1,6 @@
 """Redis memory per held lock (SPEC P4): 100,000 until_executed enqueue locks, taken through the
-real acquire script, measured with MEMORY USAGE and with the server's used_memory.
+real acquire script, measured with MEMORY USAGE and with the server's used_memory; then the
+memory of the fence a released lock keeps for RedisBackend's fence_retention.
 Run: python benchmarks/memory.py  (uses REDIS_URL, else a bundled server)
 """
 
@@ -31,7 +32,7 @@ def main() -> None:
         client.flushdb()
         backend = RedisBackend(client=client)
         before = client.info("memory")["used_memory"]
-        keys = []
+        keys, owners = [], {}
         for start in range(0, LOCKS, BATCH):
             pipe = client.pipeline(transaction=False)
             for i in range(start, start + BATCH):
@@ -49,6 +50,7 @@ def main() -> None:
                 # The backend's own acquire script, pipelined: 100,000 round trips would take minutes.
                 backend._acquire(keys=[key], args=[message_id, 1, 0, 0, holder.to_json()], client=pipe)
                 keys.append(key)
+                owners[key] = message_id
             pipe.execute()
         after = client.info("memory")["used_memory"]
         sample = random.sample(keys, SAMPLE)
@@ -57,6 +59,12 @@ def main() -> None:
         print(f"  MEMORY USAGE per lock key: {usage:.0f} bytes (target <= 300)")
         print(f"  used_memory growth per lock: {(after - before) / LOCKS:.0f} bytes")
         print(f"  one record: {client.hgetall(keys[0])}")
+        pipe = client.pipeline(transaction=False)
+        for key in sample:
+            backend._release(keys=[key], args=[owners[key]], client=pipe)
+        pipe.execute()
+        fence = sum(client.memory_usage(key, samples=0) for key in sample) / SAMPLE
+        print(f"  MEMORY USAGE per released lock's fence, kept {backend.fence_retention} ms: {fence:.0f} bytes")
         client.flushdb()
 
 

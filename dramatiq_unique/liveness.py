@@ -96,8 +96,8 @@ class Liveness:
         self._users = 0
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
-        #: The backend's clock minus ours, in milliseconds, as of the last heartbeat.
-        self._offset = 0
+        #: The backend's clock at the last heartbeat (ms), and our monotonic clock then (s).
+        self._synced: tuple[int, float] | None = None
 
     @property
     def worker_id(self) -> str:
@@ -118,6 +118,16 @@ class Liveness:
         with self._mutex:
             if key != self.registry_key and key not in self._other_registries:
                 self._other_registries += (key,)
+
+    def backend_time(self) -> int | None:
+        """Now on the backend's clock, in milliseconds, estimated from the last
+        heartbeat's answer; ``None`` before one was answered. Times the backend
+        recorded are compared with this, never with this machine's clock."""
+        # SPEC S3: time decisions follow the server's clock.
+        if self._synced is None:
+            return None
+        now, at = self._synced
+        return now + int((time.monotonic() - at) * 1000)
 
     # Lifecycle ------------------------------------------------------------------
 
@@ -206,13 +216,15 @@ class Liveness:
                 self.logger.exception("The heartbeat of worker %r failed.", self.worker_id)
 
     def _beat(self) -> int | None:
-        sent = time.time() * 1000
+        sent = time.monotonic()
         try:
             now = self.backend.heartbeat(self.registry_key, self.worker_id, ttl=self.lease_period)
         except LockBackendError as e:
             self.logger.warning("Worker %r could not send its heartbeat: %s", self.worker_id, e)
             return None
-        self._offset = int(now - (sent + time.time() * 1000) / 2)
+        # The server read its clock about halfway through the round trip. Our monotonic
+        # clock, unlike our wall clock, does not step.
+        self._synced = (now, (sent + time.monotonic()) / 2)
         # A run lock's worker must count as alive under the lock's prefix (issue 8, defect 4).
         # Leases are renewed only after every registry heard of it: a worker never holds a
         # renewed run lock while some registry has given it up for dead.
@@ -225,7 +237,10 @@ class Liveness:
         return now
 
     def _renew_due(self) -> None:
-        horizon = time.time() * 1000 + self._offset + 2 * self.heartbeat_interval
+        now = self.backend_time()
+        if now is None:
+            return
+        horizon = now + 2 * self.heartbeat_interval
         with self._mutex:
             due = [(k, lease) for k, lease in self._leases.items() if lease.expires_at <= horizon]
         for (key, owner), lease in due:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -22,8 +21,8 @@ from .outcome import ENQUEUED, AnyMessage, EnqueueOutcome, enqueue_outcome, has_
 if TYPE_CHECKING:
     from .liveness import Liveness
 
-#: How close to its recorded expiry an enqueue lock is checked again when
-#: its message starts, to allow for clock drift between worker and backend.
+#: How close to its recorded expiry an enqueue lock is checked again when its
+#: message starts, for the error of this process's estimate of the backend's clock.
 LAPSE_MARGIN = 1000
 
 
@@ -233,7 +232,9 @@ class MessageLock:
         """
         if not self.holds_enqueue or self.enqueue_expires_at is None:
             return
-        if time.time() * 1000 < self.enqueue_expires_at - LAPSE_MARGIN:
+        # The expiry is on the backend's clock (SPEC S3); without an estimate of it, ask the backend.
+        now = self.liveness.backend_time() if self.liveness is not None else None
+        if now is not None and now < self.enqueue_expires_at - LAPSE_MARGIN:
             return
         self._retake_lapsed_enqueue()
 

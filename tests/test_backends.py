@@ -216,15 +216,33 @@ def test_redis_records_who_holds_the_lock_with_server_time(redis_client):
     assert int(expires_at) == acquisition.expires_at == int(acquired_at) + 5_000
     assert server_now - 1_000 < int(acquired_at) <= server_now
     assert '"message_id":"m1"' in holder_json and '"state":"queued"' in holder_json
-    assert 4_000 < redis_client.pttl(KEY) <= 5_000
+    # The key outlives its holder by the fence retention (issue 9).
+    assert 4_000 < redis_client.pttl(KEY) - backend.fence_retention <= 5_000
 
 
-def test_redis_keys_go_with_their_last_holder(redis_client):
-    # S4: a free lock leaves no key behind.
-    backend = RedisBackend(client=redis_client)
-    acquire(backend, "m1")
+def test_redis_keys_keep_only_their_fence_after_their_last_holder(redis_client):
+    # S4: a free lock leaves its last token behind, for the fence retention only (issue 9).
+    backend = RedisBackend(client=redis_client, fence_retention=60_000)
+    token = acquire(backend, "m1").token
     backend.release(KEY, "m1")
-    assert redis_client.keys("*") == []
+    assert redis_client.keys("*") == [KEY.encode()]
+    assert redis_client.hgetall(KEY) == {b"fence": str(token).encode()}
+    assert 59_000 < redis_client.pttl(KEY) <= 60_000
+    assert redis_client.object("encoding", KEY) in (b"listpack", b"ziplist")  # the compact encoding
+
+
+def test_redis_releases_for_a_user_denied_dangerous_commands(redis_client, redis_server):
+    # S7: an ACL user without @dangerous (RESTORE is one) still releases; the fence stays.
+    redis_client.acl_setuser("locks", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-@dangerous"])
+    try:
+        client = redis.Redis(host=redis_server.host, port=redis_server.port, username="locks", password="pw")
+        backend = RedisBackend(client=client)
+        token = acquire(backend, "m1").token
+        assert backend.release(KEY, "m1")
+        assert redis_client.hgetall(KEY) == {b"fence": str(token).encode()}
+        assert acquire(backend, "m2").token > token
+    finally:
+        redis_client.acl_deluser("locks")
 
 
 def test_redis_recovers_from_a_flushed_script_cache(redis_client):
@@ -234,6 +252,10 @@ def test_redis_recovers_from_a_flushed_script_cache(redis_client):
     redis_client.script_flush()
     assert not acquire(backend, "m2").acquired
     assert backend.release(KEY, "m1")
+
+
+#: The commands the scripts run.
+SCRIPT_COMMANDS = {"time", "hgetall", "hget", "hset", "hdel", "del", "pexpireat", "persist", "srem", "dump", "restore"}
 
 
 def test_redis_one_script_call_per_transition(redis_client):
@@ -253,8 +275,8 @@ def test_redis_one_script_call_per_transition(redis_client):
     calls.pop("info", None)
     calls.pop("config|resetstat", None)
     assert calls.pop("evalsha") == 3
-    # What is left ran inside the scripts.
-    assert set(calls) <= {"time", "hgetall", "hget", "hset", "hdel", "del", "pexpireat", "persist", "srem"}
+    # What is left ran inside the scripts; DUMP and RESTORE compact a lock left with its fence alone.
+    assert set(calls) <= SCRIPT_COMMANDS
 
 
 def test_redis_works_with_decoded_responses(redis_url):
@@ -409,6 +431,17 @@ def scan_all(backend) -> list:
         records.extend(step)
         if cursor == "0":
             return records
+
+
+def test_free_locks_give_the_scan_nothing(backend):
+    # R2-R4 + issue 9: a lock whose last holder left or lapsed keeps only its fence, which the
+    # reaper's scan skips; a lapsed place is no place to release.
+    acquire(backend, "m1")
+    backend.release(KEY, "m1")
+    acquire(backend, "t1", key=RUN_KEY, ttl=50)
+    time.sleep(0.08)
+    assert backend.release(RUN_KEY, "t1") is False
+    assert scan_all(backend) == []
 
 
 def test_release_record_only_frees_a_place_still_as_read(backend):

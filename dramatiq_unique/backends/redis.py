@@ -21,10 +21,16 @@ _LIBRARY = "holders"
 #: if it reaches a worker within that time (7 days, Dramatiq's longest delay).
 REPLACED_TTL = 7 * 24 * 60 * 60 * 1000
 
+#: How long a lock's fencing token is kept after its last holder, in milliseconds: tokens keep
+#: increasing through steps back of the Redis server's clock shorter than this (20 minutes,
+#: above the 1,000 s beyond which ntpd refuses to step a clock).
+DEFAULT_FENCE_RETENTION = 20 * 60 * 1000
 
-def _script_source(name: str) -> str:
+
+def _script_source(name: str, *, fence_retention: int) -> str:
     lua = resources.files(__package__).joinpath("lua")
-    return lua.joinpath(f"{_LIBRARY}.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
+    library = lua.joinpath(f"{_LIBRARY}.lua").read_text()
+    return f"local FENCE_RETENTION = {fence_retention}\n{library}\n" + lua.joinpath(f"{name}.lua").read_text()
 
 
 class RedisBackend(LockBackend):
@@ -36,10 +42,14 @@ class RedisBackend(LockBackend):
 
     Parameters:
       client(Redis): An optional client, e.g. a ``RedisCluster``. If this is
-        passed, then all other parameters are ignored.
+        passed, then ``url`` and the connection parameters are ignored.
       url(str): An optional connection URL, e.g. ``rediss://user:password@host:6379/1``.
         A password that holds ``/``, ``#``, ``?``, ``@`` or ``%`` must be
         percent-encoded, or left out of the URL and passed as ``password``.
+      fence_retention(int): Milliseconds a lock's fencing token is kept after
+        its last holder left or lapsed (a few dozen bytes per lock): tokens
+        keep increasing through steps back of the server's clock shorter than
+        this. See docs/fencing-tokens.md.
       **parameters: Connection parameters passed to :class:`redis.Redis`, or
         added to those of the URL (e.g. ``socket_timeout``).
 
@@ -56,19 +66,36 @@ class RedisBackend(LockBackend):
     #: again is safe. See docs/redis-cluster.md.
     cluster_retry_seconds = 5.0
 
-    def __init__(self, *, client: redis.Redis | None = None, url: str | None = None, **parameters: Any):
+    def __init__(
+        self,
+        *,
+        client: redis.Redis | None = None,
+        url: str | None = None,
+        fence_retention: int = DEFAULT_FENCE_RETENTION,
+        **parameters: Any,
+    ):
+        if isinstance(fence_retention, bool) or not isinstance(fence_retention, int) or fence_retention < 0:
+            raise ValueError(
+                f"RedisBackend has an invalid fence_retention={fence_retention!r}: "
+                "it must be an integer >= 0 (milliseconds)."
+            )
         if client is None:
             client = _client_from_url(url, parameters) if url else redis.Redis(**parameters)
         self.client = client
-        self._acquire = self.client.register_script(_script_source("acquire"))
-        self._release = self.client.register_script(_script_source("release"))
-        self._swap = self.client.register_script(_script_source("swap"))
-        self._replace = self.client.register_script(_script_source("replace"))
-        self._claim = self.client.register_script(_script_source("claim"))
-        self._renew = self.client.register_script(_script_source("renew"))
-        self._heartbeat = self.client.register_script(_script_source("heartbeat"))
-        self._heartbeats = self.client.register_script(_script_source("heartbeats"))
-        self._release_record = self.client.register_script(_script_source("release_record"))
+        self.fence_retention = fence_retention
+
+        def script(name: str) -> Any:
+            return self.client.register_script(_script_source(name, fence_retention=fence_retention))
+
+        self._acquire = script("acquire")
+        self._release = script("release")
+        self._swap = script("swap")
+        self._replace = script("replace")
+        self._claim = script("claim")
+        self._renew = script("renew")
+        self._heartbeat = script("heartbeat")
+        self._heartbeats = script("heartbeats")
+        self._release_record = script("release_record")
 
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0

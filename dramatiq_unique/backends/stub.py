@@ -25,7 +25,6 @@ class _Place:
 
 @dataclass
 class _Lock:
-    fence: int = 0
     places: dict[str, _Place] = field(default_factory=dict)
 
 
@@ -41,6 +40,9 @@ class StubBackend(LockBackend):
         self._replaced: dict[str, set[str]] = {}
         self._workers: dict[str, dict[str, int]] = {}
         self._values: dict[str, tuple[str, int]] = {}
+        #: The last token of each lock, kept after its last holder: tokens increase
+        #: whatever this process's clock does.
+        self._fences: dict[str, int] = {}
 
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
@@ -175,6 +177,7 @@ class StubBackend(LockBackend):
             self._replaced.clear()
             self._workers.clear()
             self._values.clear()
+            self._fences.clear()
 
     def _forget_replaced(self, replaced_key: str, owner: str) -> bool:
         replaced = self._replaced.get(replaced_key, set())
@@ -202,9 +205,8 @@ class StubBackend(LockBackend):
         elif any(p.holder.message_id == holder.message_id for p in lock.places.values()):
             return Acquisition(acquired=False, holders=(holder.message_id,))
         else:
-            # As on Redis: tokens follow the clock in microseconds, so they keep
-            # increasing after a free lock was dropped with its fence.
-            token = lock.fence = max(lock.fence + 1, now_us)
+            # As on Redis: tokens follow the clock in microseconds, and the last one.
+            token = self._fences[key] = max(self._fences.get(key, 0) + 1, now_us)
             acquired_at = now
         lock.places[owner] = _Place(holder=holder, token=token, acquired_at=acquired_at, expires_at=expires_at)
         self._locks[key] = lock

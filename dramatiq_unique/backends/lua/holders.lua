@@ -6,6 +6,9 @@
 -- in milliseconds of this server's clock, with an empty expires_at for a
 -- place that never lapses. The numbers stay outside the JSON because cjson
 -- cannot encode 16-digit integers exactly.
+--
+-- RedisBackend defines FENCE_RETENTION (ms) in front of this file: how long
+-- a lock's fence outlives its last holder.
 
 local FENCE = "fence"
 
@@ -28,6 +31,9 @@ local function format_record(expires_at, token, acquired_at, holder)
 end
 
 -- Drops the holders whose place lapsed; returns the others (owner -> record) and their count.
+-- Lapse is judged by the server clock now: after that clock stepped back, a
+-- lapsed place that no script dropped yet counts again until the clock passes
+-- its expiry once more, as Redis' own key expiry does with keys.
 local function live_holders(key, now)
   local fields = redis.call("HGETALL", key)
   local holders, count = {}, 0
@@ -46,13 +52,22 @@ local function live_holders(key, now)
   return holders, count
 end
 
--- The key lives as long as its longest-lived holder and goes with the last one.
+-- The key lives as long as its longest-lived holder, then FENCE_RETENTION ms
+-- more, and at least until FENCE_RETENTION past its last token's time. Once
+-- its last holder left, the key keeps its fence alone: expiry follows the
+-- server clock, so the key is still there after that clock stepped back by
+-- less than FENCE_RETENTION, and tokens keep increasing.
 local function expire_with_holders(key, holders, count)
-  if count == 0 then
-    redis.call("DEL", key)
-    return
+  local fence = redis.call("HGET", key, FENCE)
+  if count == 0 and fence then
+    -- Restored, a hash of one short field takes the compact encoding: half the
+    -- memory of one that held records. (Deleting it and writing it again is
+    -- refused by Redis Cluster while the key's slot migrates.) An ACL user may be
+    -- denied RESTORE: the key then stays as it is.
+    local dumped = redis.pcall("DUMP", key)
+    if type(dumped) == "string" then redis.pcall("RESTORE", key, 0, dumped, "REPLACE") end
   end
-  local latest = 0
+  local latest = math.floor((tonumber(fence) or 0) / 1000)
   for _, record in pairs(holders) do
     local expires_at = parse(record)
     if not expires_at then
@@ -61,7 +76,7 @@ local function expire_with_holders(key, holders, count)
     end
     if expires_at > latest then latest = expires_at end
   end
-  redis.call("PEXPIREAT", key, latest)
+  redis.call("PEXPIREAT", key, latest + FENCE_RETENTION)
 end
 
 -- Takes one of the `limit` places of the lock for `owner`, or keeps the place
@@ -122,11 +137,16 @@ local function acquire(key, owner, limit, ttl, extend, holder)
   return {1, token, expires_at or 0}
 end
 
--- Gives up `owner`'s place; returns 1, or 0 when it held none.
+-- Gives up `owner`'s place; returns 1, or 0 when it held none (a lapsed place
+-- that no script dropped yet counts as none).
 local function release(key, owner)
-  local now = clock()
-  local removed = redis.call("HDEL", key, owner)
-  local holders, count = live_holders(key, now)
+  local holders, count = live_holders(key, clock())
+  local removed = 0
+  if holders[owner] then
+    redis.call("HDEL", key, owner)
+    holders[owner] = nil
+    count, removed = count - 1, 1
+  end
   expire_with_holders(key, holders, count)
   return removed
 end
