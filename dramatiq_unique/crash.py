@@ -1,6 +1,5 @@
 """The crash-safety part of the middleware: the heartbeat thread's lifecycle,
-the orphan reaper's actor and trigger, and the backend outage policy
-(SPEC R1, R2, S6). :class:`UniqueJobs` inherits these hooks."""
+the orphan reaper's actor and trigger, and the backend outage policy. :class:`UniqueJobs` inherits these hooks."""
 
 from __future__ import annotations
 

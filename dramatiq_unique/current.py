@@ -1,4 +1,4 @@
-"""The lock held by the message an actor is running (SPEC L10)."""
+"""The lock held by the message an actor is running."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The digest: what makes two messages "the same job" (SPEC D1-D3)."""
+"""The digest: what makes two messages "the same job"."""
 
 from __future__ import annotations
 

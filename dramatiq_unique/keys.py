@@ -1,4 +1,4 @@
-"""Lock key names (SPEC S4).
+"""Lock key names.
 
 Every key starts with the lock prefix, and the keys of one digest share the
 hash tag ``{<digest>}``, so one Lua script can touch both of them on Redis

@@ -1,5 +1,5 @@
-"""Worker liveness (SPEC R1): this process's heartbeat, the leases of the run
-locks its messages hold, and the releases that failed and are tried again (S6).
+"""Worker liveness: this process's heartbeat, the leases of the run
+locks its messages hold, and the releases that failed and are tried again.
 
 One daemon thread per process does all three, once per heartbeat interval:
 
@@ -11,7 +11,7 @@ One daemon thread per process does all three, once per heartbeat interval:
   is known under the prefix of the lock;
 * it renews each run lock whose lease has less than two heartbeat intervals
   left, so a message running for a long time costs about one renewal per
-  lease period (SPEC P1), and a dead process's run locks lapse within one
+  lease period, and a dead process's run locks lapse within one
   lease period;
 * it gives up the locks whose release failed while the backend was down.
 """
@@ -189,7 +189,7 @@ class Liveness:
 
     def retry_release(self, key: str, owner: str) -> None:
         """Give up ``owner``'s place at ``key`` later, if a worker runs in this
-        process: its release just failed (SPEC S6). The caller says so."""
+        process: its release just failed. The caller says so."""
         if self.running:
             with self._mutex:
                 self._pending[(key, owner)] = 0

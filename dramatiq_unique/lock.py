@@ -43,7 +43,7 @@ class MessageLock:
       outcome(EnqueueOutcome): What the message recorded when it was enqueued.
       logger(Logger): Where to report a lapsed lock.
       liveness(Liveness): This process's heartbeat thread: it renews the
-        run lock's lease and retries failed releases (SPEC R1, S6). Without
+        run lock's lease and retries failed releases. Without
         it, run locks last ``lock_ttl`` and failed releases are only logged.
     """
 
@@ -226,7 +226,7 @@ class MessageLock:
 
     def reenter_enqueue_if_lapsed(self) -> None:
         """Take the enqueue lock again if its TTL may have run out before the
-        message started (SPEC L9). The message runs either way.
+        message started. The message runs either way.
 
         Only a lock whose recorded expiry is near or past costs a round trip.
         """
@@ -328,7 +328,7 @@ class MessageLock:
         return answer
 
     def _run_ttl(self) -> int | None:
-        """A run lock is a lease (SPEC R1), cut short by ``lock_ttl`` if that is shorter."""
+        """A run lock is a lease, cut short by ``lock_ttl`` if that is shorter."""
         lease = self.liveness.lease_period if self.liveness is not None else None
         ttl = self.config.lock_ttl
         if lease is None or (ttl is not None and ttl <= lease):

@@ -86,15 +86,15 @@ class UniqueJobs(CrashSafety, Middleware):
     Parameters:
       lease_period(int): Milliseconds a run lock is held without a renewal: a
         worker renews the run locks of the messages it runs, and a dead
-        worker's run locks are free again within this time (SPEC R1).
+        worker's run locks are free again within this time.
       heartbeat_interval(int): Milliseconds between two heartbeats of a worker
         process; at most a third of ``lease_period``.
       on_backend_error(str): What happens when the lock backend cannot be
-        reached (SPEC S6): ``"raise"`` (``send()`` raises ``LockBackendError``;
+        reached: ``"raise"`` (``send()`` raises ``LockBackendError``;
         in a worker the message fails and is retried) or ``"allow"`` (log a
         warning and go on without the lock).
       reaper(bool): Declare the orphan reaper actor on the broker, and let
-        workers send it every ``reaper_interval`` (SPEC R2).
+        workers send it every ``reaper_interval``.
       reaper_interval(int): Milliseconds between two runs of the reaper,
         across all workers; ``None`` to schedule ``reaper_actor`` yourself.
       reaper_queue(str): The queue of the reaper actor.
@@ -198,8 +198,8 @@ class UniqueJobs(CrashSafety, Middleware):
 
     def _guard_enqueue(self, broker: Broker) -> None:
         """Wrap the broker's ``enqueue`` so that a duplicate dropped in
-        ``before_enqueue`` makes ``send()`` return normally (SPEC C6), and an
-        enqueue that fails after its lock was taken gives the lock up (SPEC R5).
+        ``before_enqueue`` makes ``send()`` return normally, and an
+        enqueue that fails after its lock was taken gives the lock up.
 
         Dramatiq offers no other way: ``before_enqueue`` can only stop an
         enqueue by raising through ``send()`` (dramatiq#276).
@@ -305,7 +305,7 @@ class UniqueJobs(CrashSafety, Middleware):
 
     def _is_reenqueue(self, message: Message[Any], outcome: EnqueueOutcome) -> bool:
         """Whether this is Dramatiq enqueuing a message again that took its
-        lock before (SPEC L6): a retry, or a reschedule, from the worker
+        lock before: a retry, or a reschedule, from the worker
         thread processing it; a due delayed message moved by a consumer; a
         publish retried by the broker. Anything else is a new send, also
         a dead-lettered message enqueued again by hand."""
@@ -366,7 +366,7 @@ class UniqueJobs(CrashSafety, Middleware):
     @staticmethod
     def _passes_unlocked(outcome: EnqueueOutcome, delay: int | None) -> bool:
         """A rejected message goes to its dead-letter queue holding no lock; a
-        rescheduled one holds none on its way to the delay queue (SPEC C3, C5)."""
+        rescheduled one holds none on its way to the delay queue."""
         return outcome.status == REJECTED or (outcome.status == RESCHEDULED and delay is not None)
 
     def _reenter(self, message: Message[Any], config: LockConfig, delay: int | None) -> None:

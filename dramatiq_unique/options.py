@@ -1,4 +1,4 @@
-"""Lock options: their names, defaults and validation (SPEC D4, D5)."""
+"""Lock options: their names, defaults and validation."""
 
 from __future__ import annotations
 

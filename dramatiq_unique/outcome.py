@@ -1,4 +1,4 @@
-"""What happened to a message at enqueue time (SPEC C6)."""
+"""What happened to a message at enqueue time."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The orphan reaper (SPEC R2-R4).
+"""The orphan reaper.
 
 A lock is an orphan when no live message or worker will ever release it. The
-reaper walks the locks in bounded batches with a resumable cursor (R4) and
+reaper walks the locks in bounded batches with a resumable cursor and
 releases:
 
 * run locks whose worker is dead by what it published: its last heartbeat
@@ -12,7 +12,7 @@ releases:
   locks are left alone: they are meant to outlive their message.
 
 It never releases the lock of a message that is queued, delayed, retrying or
-running on a live worker (R3): a message is looked for twice, a moment
+running on a live worker: a message is looked for twice, a moment
 apart, before its lock goes, and a place is only released while it is still
 exactly as read (neither renewed, re-entered nor re-taken since).
 

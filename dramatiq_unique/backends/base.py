@@ -5,7 +5,7 @@ to ``limit`` holders at once. Each holder is identified by an *owner*
 string: the message_id for enqueue locks, so Dramatiq's own re-enqueues of a
 message re-enter its lock, and a fresh token per processing attempt for run
 locks. Every transition is atomic, and release and swap only ever touch the
-caller's own place (SPEC S1, S2).
+caller's own place.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..keys import ENQUEUE, RUN, lock_kind
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a lock (SPEC S3). The backend records it with the acquisition
+    """Who holds a lock. The backend records it with the acquisition
     time, the expiry and the fencing token, all taken from its own clock.
 
     Parameters:
@@ -54,7 +54,7 @@ class Holder:
 
 @dataclass(frozen=True)
 class LockRecord:
-    """One holder's place in a lock, as stored (SPEC S3), found by :meth:`LockBackend.scan`.
+    """One holder's place in a lock, as stored, found by :meth:`LockBackend.scan`.
 
     Parameters:
       key(str): The lock's key.
@@ -100,7 +100,7 @@ class Acquisition:
 
     Parameters:
       acquired(bool): Whether the caller holds the lock now.
-      token(int): The fencing token of the caller's place (SPEC L10).
+      token(int): The fencing token of the caller's place.
       expires_at(int): When the caller's place lapses, in milliseconds of the
         backend's clock; ``None`` when it never does.
       holders(tuple[str]): When not acquired, the message_ids holding the lock.
@@ -206,8 +206,7 @@ class LockBackend(abc.ABC):
     @abc.abstractmethod
     def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
         """Push back the expiry of ``owner``'s place to ``ttl`` ms from now,
-        but never past ``deadline`` and never earlier than it was (SPEC S2:
-        only the owner's own place is touched).
+        but never past ``deadline`` and never earlier than it was (only the owner's own place is touched).
 
         Returns:
           int: The place's new expiry in ms of the backend's clock (0 for a

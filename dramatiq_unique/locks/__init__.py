@@ -1,4 +1,4 @@
-"""Lock types: when a message takes its locks and when it gives them up (SPEC L1-L5)."""
+"""Lock types: when a message takes its locks and when it gives them up."""
 
 from .base import LockType
 from .until_and_while_executing import UntilAndWhileExecuting

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 class UntilAndWhileExecuting(LockType):
     """Locked at enqueue; at start the run lock is taken and the enqueue lock
-    given up in one atomic step (SPEC L5).
+    given up in one atomic step.
 
     One copy may wait in the queue while another runs; a retry re-takes the
     enqueue lock.

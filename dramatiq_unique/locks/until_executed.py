@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 
 class UntilExecuted(LockType):
-    """Locked from enqueue until the actor has succeeded or failed for good (SPEC L2).
+    """Locked from enqueue until the actor has succeeded or failed for good.
 
     Retries keep the lock; a message that lands in the dead-letter queue
     gives it up.

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 
 class UntilExecuting(LockType):
-    """Locked from enqueue until a worker starts the message (SPEC L1).
+    """Locked from enqueue until a worker starts the message.
 
     A duplicate can be enqueued again as soon as the message starts running.
     A retry re-takes the lock for the time the message waits again.

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 
 class UntilExpired(LockType):
-    """Locked from enqueue until ``lock_ttl`` runs out, whatever happens to the message (SPEC L3)."""
+    """Locked from enqueue until ``lock_ttl`` runs out, whatever happens to the message."""
 
     name = "until_expired"
     requires_ttl = True

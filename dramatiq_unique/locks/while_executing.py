@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 
 class WhileExecuting(LockType):
-    """Locked while the actor runs, whatever its outcome (SPEC L4).
+    """Locked while the actor runs, whatever its outcome.
 
     Nothing is locked at enqueue: duplicates queue up and run one after another.
     """

@@ -1,4 +1,4 @@
-"""Conflict strategies: what becomes of a duplicate (SPEC C1-C8)."""
+"""Conflict strategies: what becomes of a duplicate."""
 
 from .base import CLIENT, SERVER, Conflict, ConflictStrategy
 from .log import Log
@@ -14,7 +14,7 @@ STRATEGIES: dict[str, ConflictStrategy] = {
 
 
 def register_strategy(strategy: ConflictStrategy) -> None:
-    """Make a strategy of your own usable by name in ``on_conflict`` (SPEC C8).
+    """Make a strategy of your own usable by name in ``on_conflict``.
 
     Register it before declaring the actors that name it.
 

@@ -60,7 +60,7 @@ class Conflict:
 
 
 class ConflictStrategy:
-    """What becomes of a duplicate (SPEC C1-C8).
+    """What becomes of a duplicate.
 
     The client method runs in ``before_enqueue``: it raises
     :class:`~dramatiq_unique.errors.EnqueueCancelled` to drop the duplicate

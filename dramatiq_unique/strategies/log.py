@@ -10,7 +10,7 @@ from .base import Conflict, ConflictStrategy
 
 
 class Log(ConflictStrategy):
-    """Drop the duplicate with one INFO line (SPEC C1); the default.
+    """Drop the duplicate with one INFO line; the default.
 
     On the client ``send()`` returns normally and the returned message's
     :func:`~dramatiq_unique.enqueue_outcome` names the holder. In the worker

@@ -7,7 +7,7 @@ from .base import Conflict, ConflictStrategy
 
 
 class Raise(ConflictStrategy):
-    """Make the duplicate an error (SPEC C2).
+    """Make the duplicate an error.
 
     On the client ``send()`` raises :class:`~dramatiq_unique.DuplicateMessage`.
     In the worker :class:`~dramatiq_unique.LockConflict` takes Dramatiq's

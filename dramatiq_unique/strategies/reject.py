@@ -10,7 +10,7 @@ from .base import Conflict, ConflictStrategy
 
 
 class Reject(ConflictStrategy):
-    """Send the duplicate to its queue's dead-letter queue without running it (SPEC C3).
+    """Send the duplicate to its queue's dead-letter queue without running it.
 
     The duplicate is enqueued marked as rejected, holding no lock, and the
     first worker to receive it dead-letters it; the mark, with the holder and

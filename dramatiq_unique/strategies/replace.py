@@ -5,7 +5,7 @@ from .log import Log
 
 
 class Replace(Log):
-    """The newest message wins (SPEC C4): a message sent while the lock is
+    """The newest message wins: a message sent while the lock is
     full takes the place of the oldest queued holder, which is skipped when
     it reaches a worker. A holder that already runs is never interrupted:
     when every holder runs, the new message is dropped as with ``log``.

@@ -13,10 +13,10 @@ from .reject import Reject
 
 
 class Reschedule(ConflictStrategy):
-    """Try again later (SPEC C5): the duplicate is enqueued again after
+    """Try again later: the duplicate is enqueued again after
     ``reschedule_delay`` milliseconds, keeping its message_id and any lock it
     holds. It does not use up ``max_retries``; after ``max_reschedules`` it
-    is rejected to the dead-letter queue (SPEC C7).
+    is rejected to the dead-letter queue.
     """
 
     name = "reschedule"
