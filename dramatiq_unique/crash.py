@@ -10,7 +10,7 @@ import dramatiq
 from dramatiq import Broker
 
 from .backends import Holder
-from .errors import InvalidLockOptions, LockBackendError
+from .errors import InvalidLockOptions, LockBackendError, LockBackendRetry
 from .outcome import AnyMessage
 
 if TYPE_CHECKING:
@@ -134,7 +134,16 @@ class CrashSafety:
         """Apply ``on_backend_error``: raise ``error``, or log a warning and let
         the message be ``what`` (enqueued, run) without its lock."""
         if self.on_backend_error != ALLOW:
-            raise error
+            if what != "run":
+                raise error  # send() raises: the error is the caller's one report
+            self.logger.warning(  # type: ignore[attr-defined]
+                "Message %r of actor %r cannot take its lock because the lock backend failed (%s); "
+                "Retries tries it again.",
+                message.message_id,
+                message.actor_name,
+                error,
+            )
+            raise LockBackendRetry(str(error)) from error
         self.logger.warning(  # type: ignore[attr-defined]
             "Message %r of actor %r is %s without its lock because the lock backend failed "
             "(on_backend_error='allow'): %s",

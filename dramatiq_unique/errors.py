@@ -38,6 +38,18 @@ class LockBackendError(UniqueError):
     """Raised when the lock backend cannot be reached or fails to answer."""
 
 
+class LockBackendRetry(LockBackendError, Retry):
+    """Raised in the worker when the lock backend cannot be reached before a message runs.
+
+    Being a :class:`dramatiq.Retry`, it takes Dramatiq's exception path
+    without a traceback in the log: Retries retries the message with backoff,
+    and it counts against ``max_retries``.
+    """
+
+    def __init__(self, reason: str):
+        Retry.__init__(self, reason)
+
+
 class DuplicateMessage(UniqueError):
     """Raised by ``send()`` when the lock is held and the actor's client strategy is ``raise``.
 

@@ -98,6 +98,8 @@ class Liveness:
         self._stopped = threading.Event()
         #: The backend's clock at the last heartbeat (ms), and our monotonic clock then (s).
         self._synced: tuple[int, float] | None = None
+        #: Heartbeats that failed in a row.
+        self._failed_heartbeats = 0
 
     @property
     def worker_id(self) -> str:
@@ -220,7 +222,7 @@ class Liveness:
         try:
             now = self.backend.heartbeat(self.registry_key, self.worker_id, ttl=self.lease_period)
         except LockBackendError as e:
-            self.logger.warning("Worker %r could not send its heartbeat: %s", self.worker_id, e)
+            self._heartbeat_failed(e)
             return None
         # The server read its clock about halfway through the round trip. Our monotonic
         # clock, unlike our wall clock, does not step.
@@ -232,9 +234,29 @@ class Liveness:
             try:
                 self.backend.heartbeat(key, self.worker_id, ttl=self.lease_period)
             except LockBackendError as e:
-                self.logger.warning("Worker %r could not send its heartbeat to %r: %s", self.worker_id, key, e)
+                self._heartbeat_failed(e)
                 return None
+        self._heartbeat_answered()
         return now
+
+    def _heartbeat_failed(self, error: LockBackendError) -> None:
+        # One line per outage, not one per heartbeat interval.
+        self._failed_heartbeats += 1
+        level = logging.WARNING if self._failed_heartbeats == 1 else logging.DEBUG
+        self.logger.log(
+            level,
+            "Worker %r could not send its heartbeat: %s. It tries again every %d ms and renews no lease until then.",
+            self.worker_id,
+            error,
+            self.heartbeat_interval,
+        )
+
+    def _heartbeat_answered(self) -> None:
+        if self._failed_heartbeats:
+            self.logger.info(
+                "Worker %r sends its heartbeat again, after %d that failed.", self.worker_id, self._failed_heartbeats
+            )
+            self._failed_heartbeats = 0
 
     def _renew_due(self) -> None:
         now = self.backend_time()

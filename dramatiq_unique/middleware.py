@@ -47,6 +47,9 @@ from .strategies import CLIENT, SERVER, Conflict, ConflictStrategy
 from .strategies.reject import dead_letter_if_rejected
 from .strategies.reschedule import Reschedule
 
+#: The options of Dramatiq's Callbacks and Retries that name an actor sent when a message ends.
+_CALLBACK_OPTIONS = ("on_success", "on_failure", "on_retry_exhausted")
+
 #: What becomes of a message that must not be dropped and cannot take its lock
 #: now: a redelivery meeting its own earlier attempt, a message that a group or
 #: a pipeline waits for, a message that Dramatiq itself enqueues.
@@ -256,7 +259,7 @@ class UniqueJobs(CrashSafety, Middleware):
             return
         # Dramatiq's own enqueues have no caller to raise to: an exception would
         # wedge a consumer or stop a pipeline (L6).
-        internal = self._is_internal_enqueue(message)
+        internal = self._is_internal_enqueue(broker, message)
         try:
             lock = MessageLock.for_message(
                 backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
@@ -320,10 +323,11 @@ class UniqueJobs(CrashSafety, Middleware):
             and outcome.holder == message.message_id
         )
 
-    def _is_internal_enqueue(self, message: Message[Any]) -> bool:
+    def _is_internal_enqueue(self, broker: Broker, message: Message[Any]) -> bool:
         """Whether Dramatiq itself enqueues this new message: a consumer moving
-        a due delayed message, or a worker enqueuing a pipeline's next step or
-        a group's completion callback."""
+        a due delayed message, or a worker enqueuing a pipeline's next step, a
+        group's completion callback, or an ``on_success``, ``on_failure`` or
+        ``on_retry_exhausted`` callback of the message it processed."""
         if getattr(self._local, "consumer", False):
             return True
         processed = getattr(self._local, "message", None)
@@ -331,7 +335,10 @@ class UniqueJobs(CrashSafety, Middleware):
             return False
         options = processed.options
         followers = [options.get("pipe_target") or {}, *(options.get("group_completion_callbacks") or ())]
-        return any(follower.get("message_id") == message.message_id for follower in followers)
+        if any(follower.get("message_id") == message.message_id for follower in followers):
+            return True
+        actor_options = broker.actors[processed.actor_name].options if processed.actor_name in broker.actors else {}
+        return any((options.get(name) or actor_options.get(name)) == message.actor_name for name in _CALLBACK_OPTIONS)
 
     @staticmethod
     def _strategy_for(message: AnyMessage, strategy: ConflictStrategy) -> ConflictStrategy:

@@ -333,7 +333,6 @@ def test_a_group_member_is_never_replaced(callbacks_env):
     assert finished == [True]
 
 
-@pytest.mark.xfail(strict=True, reason="review: a replaced message that re-enters its lock when due leaks its place")
 @pytest.mark.parametrize("lock", ["until_executing", "until_executed", "until_and_while_executing"])
 def test_a_replaced_delayed_message_that_comes_due_leaves_no_place_behind(env, lock):
     # Revision 1 is sent with a delay, revision 2 replaces it and runs. When revision 1 comes
@@ -367,7 +366,6 @@ def test_a_replaced_delayed_message_that_comes_due_leaves_no_place_behind(env, l
     assert runs == [("render", 2), ("audit", 3)]
 
 
-@pytest.mark.xfail(strict=True, reason="review: an on_success callback that meets its lock raises inside Callbacks")
 def test_an_on_success_callback_that_meets_its_lock_is_rescheduled_not_lost(env, caplog):
     # Dramatiq's Callbacks middleware sends the on_success message from the worker: nobody can
     # catch DuplicateMessage there. It escaped into Dramatiq (CRITICAL "Unexpected failure in

@@ -219,7 +219,6 @@ def test_a_rescheduled_message_that_comes_due_during_an_outage_tries_again_later
     assert not any("Consumer encountered" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.xfail(strict=True, reason="review: each failed start logs Dramatiq's ERROR with a traceback")
 @pytest.mark.parametrize("outage_env", ["raise"], indirect=True)
 def test_a_message_that_starts_during_an_outage_logs_no_traceback_per_attempt(outage_env, server, caplog):
     # S6 / issue 9 item 5: the LockBackendError raised at start is no Retry, so Dramatiq's
@@ -241,7 +240,6 @@ def test_a_message_that_starts_during_an_outage_logs_no_traceback_per_attempt(ou
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info]
 
 
-@pytest.mark.xfail(strict=True, reason="review: a failed heartbeat is logged every heartbeat_interval")
 def test_an_outage_logs_the_failed_heartbeat_once(outage_env, server, caplog):
     # One line per event: a worker whose heartbeats fail for the whole outage says so once (and
     # once more when they go through again), not every heartbeat_interval of the outage.

@@ -78,6 +78,7 @@ class StubBackend(LockBackend):
     def claim(self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder) -> str:
         with self._mutex:
             if self._forget_replaced(replaced_key, owner):
+                self._release(key, owner)
                 return SUPERSEDED
             lock = self._live(key, time.time_ns() // 1_000_000)
             place = lock.places.get(owner)
@@ -103,6 +104,7 @@ class StubBackend(LockBackend):
     ) -> Acquisition:
         with self._mutex:
             if self._forget_replaced(replaced_key, release_owner):
+                self._release(release_key, release_owner)
                 return Acquisition(acquired=False, superseded=True)
             acquisition = self._acquire(acquire_key, owner, limit=limit, ttl=ttl, holder=holder, extend=0)
             if acquisition.acquired:

@@ -3,9 +3,11 @@
 -- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set (one digest, one hash slot).
 -- ARGV: owner, "release" or "run", holder JSON (for "run").
 -- Returns 1 when the owner held a place, 0 when it held none (it lapsed), and
--- -1 when a newer message took its place (replace): then it must not run.
+-- -1 when a newer message took its place (replace): then it must not run, and
+-- gives up any place it took again since (a delayed copy or a retry coming due).
 local key, owner = KEYS[1], ARGV[1]
 if redis.call("SREM", KEYS[2], owner) == 1 then
+  release(key, owner)
   return -1
 end
 local holders, count = live_holders(key, clock())
