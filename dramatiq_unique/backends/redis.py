@@ -70,7 +70,7 @@ class RedisBackend(LockBackend):
     def __init__(
         self,
         *,
-        client: redis.Redis | None = None,
+        client: redis.Redis | redis.RedisCluster | None = None,
         url: str | None = None,
         fence_retention: int = DEFAULT_FENCE_RETENTION,
         **parameters: Any,
