@@ -185,7 +185,7 @@ def connect(url: str) -> RedisBackend:
         client = redis.RedisCluster.from_url(url, socket_connect_timeout=5, socket_timeout=10)
     except ValueError:
         raise CommandError("The Redis URL cannot be used for a Redis Cluster (it is not quoted).", RET_URL) from None
-    except redis.RedisError as e:
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as e:
         raise CommandError(f"Cannot reach the Redis Cluster: {type(e).__name__}: {e}", RET_CONNECT) from None
     return RedisBackend(client=client)
 
@@ -389,8 +389,9 @@ def run_explain(context: Context, args: argparse.Namespace) -> int:
     positional = _json_argument(args.args, list, "ARGS_JSON must be a JSON array of the positional arguments")
     keywords = _json_argument(args.kwargs, dict, "--kwargs must be a JSON object of the keyword arguments")
     actor = import_actor(args.actor)
+    unique = _unique_jobs(actor.broker)
     if context.app is None:
-        context.app = App(broker=actor.broker, unique=_unique_jobs(actor.broker))
+        context.app = App(broker=actor.broker, unique=unique)
     try:
         explanation = context.locks.explain(actor, *positional, **keywords)
     except LockArgumentsError as e:

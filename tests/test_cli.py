@@ -361,6 +361,16 @@ def test_errors_are_one_line_with_distinct_exit_codes_and_no_secret(tmp_path, re
         bad,
     )
     assert "Cannot import module 'broken_app': ValueError" in line
+    (tmp_path / "plain_app.py").write_text(
+        "import dramatiq\nfrom dramatiq.brokers.stub import StubBroker\ndramatiq.set_broker(StubBroker())\n"
+        "@dramatiq.actor\ndef plain():\n    pass\n"
+    )
+    line = assert_error(cli("--path", str(tmp_path), "--url", redis_url, "explain", "plain_app:plain"), RET_IMPORT)
+    assert "has no UniqueJobs middleware" in line
+    line = assert_error(
+        cli("--url", redis_url, "explain", "tests.cli_app:event_of", env={"CLI_APP_URL": redis_url}), RET_IMPORT
+    )
+    assert "is not a Dramatiq actor" in line
     codes.add(RET_IMPORT)
 
     assert_error(

@@ -272,3 +272,36 @@ def test_an_unlock_never_frees_a_holder_that_came_after_it_read(app):
     assert locks.release(stale) == ()
     (held,) = locks.get(digest_of(sent["settle"]))
     assert held.holders[0].message_id == newer.message_id
+
+
+def test_explain_matches_what_send_does_for_each_client_strategy(env):
+    from dramatiq_unique import DuplicateMessage
+
+    @env.actor(queue_name="strict", lock="until_executed", on_conflict="raise")
+    def strict(x):
+        pass
+
+    @env.actor(queue_name="strict", lock="until_executed", on_conflict="reject")
+    def picky(x):
+        pass
+
+    @env.actor(queue_name="strict", lock="until_executed", on_conflict="reschedule", max_reschedules=0)
+    def patient(x):
+        pass
+
+    locks = Locks.from_middleware(env.middleware)
+    held = {actor: actor.send(1) for actor in (strict, picky, patient)}
+
+    explained = locks.explain(strict, 1).on_send
+    assert explained.startswith(
+        f"A new send would make send() raise DuplicateMessage as a duplicate of message {held[strict].message_id!r}"
+    )
+    with pytest.raises(DuplicateMessage):
+        strict.send(1)
+
+    assert locks.explain(picky, 1).on_send.startswith("A new send would go to the dead-letter queue without running")
+    assert enqueue_outcome(picky.send(1)).status == "rejected"
+
+    # max_reschedules=0: the first reschedule is one too many.
+    assert locks.explain(patient, 1).on_send.startswith("A new send would go to the dead-letter queue without running")
+    assert enqueue_outcome(patient.send(1)).status == "rejected"
