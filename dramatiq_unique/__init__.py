@@ -15,6 +15,7 @@ from .errors import (
     UniqueError,
 )
 from .middleware import UniqueJobs
+from .operations import Explanation, HolderInfo, LockInfo, Locks
 from .outcome import EnqueueOutcome, enqueue_outcome
 from .reaper import ReapReport, reap_orphans
 from .strategies import ConflictStrategy, register_strategy
@@ -35,6 +36,11 @@ __all__ = [
     "require_current_lock",
     "EnqueueOutcome",
     "enqueue_outcome",
+    # Operations
+    "Locks",
+    "LockInfo",
+    "HolderInfo",
+    "Explanation",
     # Crash safety
     "ReapReport",
     "reap_orphans",

@@ -34,3 +34,16 @@ def lock_kind(key: str) -> str | None:
     if key.endswith("}:run"):
         return RUN
     return None
+
+
+def digest_of(key: str) -> str | None:
+    """The digest in the key of a lock, ``None`` for the other keys."""
+    start, end = key.find(":{"), key.find("}")
+    if lock_kind(key) is None or start < 0 or end < start:
+        return None
+    return key[start + 2 : end]
+
+
+def prefix_of(key: str) -> str | None:
+    """The lock prefix of the key of a lock, ``None`` for the other keys."""
+    return key[: key.index(":{")] if digest_of(key) is not None else None

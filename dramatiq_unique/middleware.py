@@ -173,6 +173,16 @@ class UniqueJobs(CrashSafety, Middleware):
     def actor_options(self) -> set[str]:
         return set(DEFAULTS)
 
+    @property
+    def lock_prefixes(self) -> tuple[str, ...]:
+        """Every lock prefix in use: the middleware's and those of the actors declared with their own."""
+        return self.reaper.prefixes
+
+    def lock_config(self, actor_name: str) -> LockConfig | None:
+        """The resolved lock options of an actor, as its messages use them
+        unless one overrides them; ``None`` when it has no lock."""
+        return self._actors.get(actor_name, (self.defaults, self._default_config))[1]
+
     # Actor declaration -------------------------------------------------------
 
     def before_declare_actor(self, broker: Broker, actor: Actor[Any, Any]) -> None:

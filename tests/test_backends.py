@@ -461,3 +461,42 @@ def test_small_values_expire(backend):
     assert backend.get_value("dramatiq-unique:reaper:cursor") == "17"
     time.sleep(0.08)
     assert backend.get_value("dramatiq-unique:reaper:cursor") is None
+
+
+def test_read_gives_the_live_places_of_one_digests_locks(backend):
+    # O1: the operations API reads one digest's two locks in one call, with the backend's clock.
+    before = backend.time()
+    acquire(backend, "m1", limit=2, ttl=60_000)
+    acquire(backend, "m2", limit=2)
+    acquire(backend, "t1", key=RUN_KEY, ttl=50)  # lapses
+    acquire(backend, "x", key="dramatiq-unique:{other}")
+    time.sleep(0.08)
+    now, records = backend.read([KEY, RUN_KEY])
+    assert before <= now <= backend.time()
+    assert sorted((r.key, r.owner, r.kind) for r in records) == [(KEY, "m1", "enqueue"), (KEY, "m2", "enqueue")]
+    m1 = next(r for r in records if r.owner == "m1")
+    assert m1.expires_at == m1.acquired_at + 60_000 and m1.holder["message_id"] == "m1"
+    # A fence alone, or no key at all, is no place.
+    backend.release(KEY, "m1")
+    backend.release(KEY, "m2")
+    assert backend.read([KEY, RUN_KEY])[1] == []
+    assert backend.read(["dramatiq-unique:{nothing}"])[1] == []
+
+
+def test_release_records_frees_only_the_places_still_as_read(backend):
+    # O1 + S2: an unlock frees the holders it read and no holder that renewed or came since.
+    acquire(backend, "m1", limit=3, ttl=5_000)
+    acquire(backend, "m2", limit=3, ttl=5_000)
+    _, records = backend.read([KEY])
+    backend.renew(KEY, "m2", ttl=9_000)
+    acquire(backend, "m3", limit=3)
+    freed = backend.release_records(KEY, {r.owner: r.record for r in records})
+    assert freed == ["m1"]
+    assert sorted(r.owner for r in backend.read([KEY])[1]) == ["m2", "m3"]
+    assert backend.release_records(KEY, {}) == []
+    assert backend.release_records("dramatiq-unique:{nothing}", {"m1": records[0].record}) == []
+    # The fence stays: the next holder's token is still higher.
+    now_held = {r.owner: r for r in backend.read([KEY])[1]}
+    assert sorted(backend.release_records(KEY, {o: r.record for o, r in now_held.items()})) == ["m2", "m3"]
+    assert backend.read([KEY])[1] == []
+    assert acquire(backend, "m4").token > max(r.token for r in now_held.values())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -261,6 +262,34 @@ class LockBackend(abc.ABC):
 
         Returns:
           bool: Whether the place was given up.
+        """
+
+    # Operations: seeing and freeing held locks (SPEC O1) -----------------------
+
+    @abc.abstractmethod
+    def time(self) -> int:
+        """Now, in ms of the backend's clock: the clock of every ``expires_at`` and ``acquired_at``."""
+
+    @abc.abstractmethod
+    def read(self, keys: Sequence[str]) -> tuple[int, list[LockRecord]]:
+        """The places of the locks at ``keys``, all of one digest, read at once.
+
+        Returns:
+          tuple: Now, in ms of the backend's clock, and the places that have
+          not lapsed; a fence without holders is no place.
+        """
+
+    @abc.abstractmethod
+    def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
+        """Give up, in one atomic step, the place of each owner in ``records``
+        that is still exactly its record there (see :meth:`release_record`).
+
+        Parameters:
+          key(str): The lock's key.
+          records(Mapping): owner -> the place as it was read (:attr:`LockRecord.record`).
+
+        Returns:
+          list[str]: The owners whose places were given up.
         """
 
     @abc.abstractmethod

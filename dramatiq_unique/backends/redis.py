@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -69,7 +70,7 @@ class RedisBackend(LockBackend):
     def __init__(
         self,
         *,
-        client: redis.Redis | None = None,
+        client: redis.Redis | redis.RedisCluster | None = None,
         url: str | None = None,
         fence_retention: int = DEFAULT_FENCE_RETENTION,
         **parameters: Any,
@@ -96,6 +97,8 @@ class RedisBackend(LockBackend):
         self._heartbeat = script("heartbeat")
         self._heartbeats = script("heartbeats")
         self._release_record = script("release_record")
+        self._read = script("read")
+        self._release_records = script("release_records")
 
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
@@ -202,6 +205,26 @@ class RedisBackend(LockBackend):
 
     def release_record(self, key: str, owner: str, record: str) -> bool:
         return bool(self._call(self._release_record, [key], [owner, record]))
+
+    def time(self) -> int:
+        try:
+            seconds, micros = self.client.time()
+        except redis.RedisError as e:
+            raise _backend_error(e) from e
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def read(self, keys: Sequence[str]) -> tuple[int, list[LockRecord]]:
+        reply = self._call(self._read, list(keys), [])
+        places = reply[1:]
+        records = [
+            LockRecord.parse(keys[int(places[i]) - 1], _text(places[i + 1]), _text(places[i + 2]))
+            for i in range(0, len(places), 3)
+        ]
+        return int(reply[0]), records
+
+    def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
+        args = [value for owner, record in records.items() for value in (owner, record)]
+        return [_text(owner) for owner in self._call(self._release_records, [key], args)]
 
     def get_value(self, key: str) -> str | None:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..keys import lock_kind
@@ -162,6 +163,28 @@ class StubBackend(LockBackend):
             if place is None or place.record() != record:
                 return False
             return self._release(key, owner)
+
+    def time(self) -> int:
+        return _now()
+
+    def read(self, keys: Sequence[str]) -> tuple[int, list[LockRecord]]:
+        with self._mutex:
+            now = _now()
+            records = [
+                LockRecord.parse(key, owner, place.record())
+                for key in keys
+                if key in self._locks
+                for owner, place in self._live(key, now).places.items()
+            ]
+            return now, records
+
+    def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
+        with self._mutex:
+            places = self._live(key, _now()).places
+            freed = [owner for owner, record in records.items() if owner in places and places[owner].record() == record]
+            for owner in freed:
+                self._release(key, owner)
+            return freed
 
     def get_value(self, key: str) -> str | None:
         with self._mutex:

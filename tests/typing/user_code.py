@@ -11,7 +11,10 @@ from dramatiq.middleware import TimeLimit
 
 from dramatiq_unique import (
     EnqueueOutcome,
+    Explanation,
     HeldLock,
+    LockInfo,
+    Locks,
     StubBackend,
     UniqueJobs,
     current_lock,
@@ -20,7 +23,8 @@ from dramatiq_unique import (
 )
 
 broker = StubBroker()
-broker.add_middleware(UniqueJobs(backend=StubBackend()), before=TimeLimit)
+unique_jobs = UniqueJobs(backend=StubBackend())
+broker.add_middleware(unique_jobs, before=TimeLimit)
 dramatiq.set_broker(broker)
 
 settled: dict[str, int] = {}
@@ -48,3 +52,11 @@ def send_twice() -> tuple[bool, str]:
     again: EnqueueOutcome = enqueue_outcome(settle_payment.send("evt_123", {"amount": 100}))
     holder: str = again.holder
     return enqueue_outcome(message).enqueued and not again.enqueued, holder
+
+
+def why_not_run() -> tuple[str, list[str]]:
+    locks = Locks.from_middleware(unique_jobs)
+    explanation: Explanation = locks.explain(settle_payment, "evt_123", {"amount": 100})
+    held: list[LockInfo] = list(locks.list(actor="settle_payment", state="queued", limit=10))
+    freed = locks.unlock(explanation.digest or "", message_id=None) + locks.unlock_all(actor="settle_payment")
+    return explanation.on_send, [h.message_id for lock in held + list(freed) for h in lock.holders]

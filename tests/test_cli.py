@@ -1,0 +1,408 @@
+"""The command line (SPEC O2; issue 10), run as a subprocess (``python -m dramatiq_unique``) against
+a real redis-server and a real Redis Cluster, with locks in every state: queued, running, lapsed,
+several holders of one digest, an actor's own prefix."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dramatiq
+import pytest
+from dramatiq import Worker
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import TimeLimit
+
+from dramatiq_unique import Locks, RedisBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique.backends import Holder
+from dramatiq_unique.cli import (
+    RET_ABORTED,
+    RET_CONNECT,
+    RET_IMPORT,
+    RET_NOT_FOUND,
+    RET_OK,
+    RET_URL,
+    RET_USAGE,
+)
+from dramatiq_unique.liveness import registry_key
+
+from .support import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCK_KEYS = {"digest", "kind", "actor", "queue", "lock", "holders"}
+HOLDER_KEYS = {"message_id", "state", "worker_id", "acquired_at", "expires_at", "token"}
+#: The command's own; tests/cli_app.py reads CLI_APP_URL, which the fixture sets.
+URL_VARIABLES = ("DRAMATIQ_UNIQUE_URL", "REDIS_URL")
+
+
+def cli(*args: str, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k not in URL_VARIABLES}
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "dramatiq_unique", *args],
+        cwd=ROOT,
+        env=environment,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == RET_OK, result.stderr
+    return result.stdout
+
+
+def assert_error(result: subprocess.CompletedProcess[str], code: int, *secrets: str) -> str:
+    """One line on stderr, no traceback, the exit code, and none of the secrets anywhere."""
+    assert result.returncode == code, (result.stdout, result.stderr)
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("dramatiq-unique: error: ")
+    for secret in secrets:
+        assert secret not in result.stderr
+    return line
+
+
+@pytest.fixture
+def app(redis_url, monkeypatch):
+    """tests/cli_app.py on the test server, with locks in every state."""
+    monkeypatch.setenv("CLI_APP_URL", redis_url)
+    # A fresh broker for each test: a Worker leaves its middleware on the broker it ran on.
+    module = importlib.reload(sys.modules["tests.cli_app"]) if "tests.cli_app" in sys.modules else None
+    if module is None:
+        import tests.cli_app as module
+    sent = {
+        "settle": module.settle_payment.send("evt_123", {"amount": 100}),
+        "report_a": module.build_report.send("2024-06-30"),
+        "report_b": module.build_report.send("2024-06-30"),
+        "invoice": module.send_invoice.send(7),
+        "reminder": module.send_reminder.send(1),
+        "sync": module.sync_account_balance.send(42),
+    }
+    worker = Worker(module.broker, worker_timeout=100, worker_threads=1, queues={"sync"})
+    worker.start()
+    locks = Locks.from_middleware(module.unique)
+    wait_for(lambda: any(lock.kind == "run" for lock in locks.list(state="running")))
+    time.sleep(0.06)  # the reminder's lock_ttl of 50 ms runs out
+    try:
+        yield module, sent
+    finally:
+        module.gate.set()
+        worker.stop()
+        module.gate.clear()
+        module.broker.flush_all()
+
+
+def digest(message) -> str:
+    return enqueue_outcome(message).digest
+
+
+def test_list_prints_json_with_the_documented_keys(app, redis_url):
+    module, sent = app
+    listed = json.loads(ok(cli("--url", redis_url, "list", "--json")))
+    assert all(set(lock) == LOCK_KEYS for lock in listed)
+    assert all(set(holder) == HOLDER_KEYS for lock in listed for holder in lock["holders"])
+    by_actor = {lock["actor"]: lock for lock in listed}
+    # The lapsed reminder is free; the invoice lives under its actor's own prefix.
+    assert set(by_actor) == {"settle_payment", "build_report", "sync_account_balance"}
+    settle = by_actor["settle_payment"]
+    assert (settle["digest"], settle["kind"], settle["queue"], settle["lock"]) == (
+        digest(sent["settle"]),
+        "enqueue",
+        "payments",
+        "until_executed",
+    )
+    (holder,) = settle["holders"]
+    assert holder["message_id"] == sent["settle"].message_id
+    assert (holder["state"], holder["worker_id"], holder["expires_at"]) == ("queued", None, None)
+    assert holder["token"] == enqueue_outcome(sent["settle"]).token
+    assert abs(holder["acquired_at"] - time.time() * 1000) < 60_000  # epoch milliseconds
+    (running,) = by_actor["sync_account_balance"]["holders"]
+    assert by_actor["sync_account_balance"]["kind"] == "run"
+    assert running["state"] == "running" and running["worker_id"] and running["expires_at"] > running["acquired_at"]
+    assert [h["message_id"] for h in by_actor["build_report"]["holders"]] == [
+        sent["report_a"].message_id,
+        sent["report_b"].message_id,
+    ]
+
+    with_billing = json.loads(
+        ok(cli("--url", redis_url, "--prefix", "dramatiq-unique", "--prefix", "billing", "list", "--json"))
+    )
+    assert "send_invoice" in {lock["actor"] for lock in with_billing}
+
+    # Filters, the URL from the environment, the fallback to REDIS_URL.
+    (report,) = json.loads(ok(cli("list", "--actor", "build_report", "--json", env={"DRAMATIQ_UNIQUE_URL": redis_url})))
+    assert len(report["holders"]) == 2
+    (sync,) = json.loads(ok(cli("list", "--state", "running", "--json", env={"REDIS_URL": redis_url})))
+    assert sync["actor"] == "sync_account_balance"
+    assert len(json.loads(ok(cli("--url", redis_url, "list", "--limit", "1", "--json")))) == 1
+
+
+def test_list_prints_an_aligned_table_with_human_ages_and_ttls(app, redis_url):
+    module, sent = app
+    # --app: the application's backend and every prefix its actors use.
+    lines = ok(cli("--app", "tests.cli_app", "list", env={"CLI_APP_URL": redis_url})).splitlines()
+    header, *rows, blank, footer = lines
+    assert header.split() == [
+        "DIGEST",
+        "KIND",
+        "ACTOR",
+        "QUEUE",
+        "LOCK",
+        "MESSAGE",
+        "ID",
+        "STATE",
+        "AGE",
+        "TTL",
+        "WORKER",
+    ]
+    assert blank == "" and footer == "5 places in 4 locks under prefixes 'dramatiq-unique', 'billing'."
+    assert len(rows) == 5
+    columns = [
+        re.search(rf"\b{name}\b", header).start() for name in ("KIND", "ACTOR", "MESSAGE ID", "STATE", "AGE", "TTL")
+    ]
+    for row in rows:
+        assert all(row[c - 1] == " " and row[c] != " " for c in columns)  # aligned
+    settle = next(row for row in rows if sent["settle"].message_id in row)
+    assert settle.split()[1:5] == ["enqueue", "settle_payment", "payments", "until_executed"]
+    assert settle.split()[6:] == ["queued", settle.split()[7], "never", "-"]
+    assert re.fullmatch(r"\d+(ms|s)", settle.split()[7])
+    sync = next(row for row in rows if sent["sync"].message_id in row)
+    assert re.search(r"running\s+\d+(ms|s)\s+\d+s\s+\S+:\d+:\S+$", sync)
+    assert any(sent["invoice"].message_id in row for row in rows)
+
+    assert ok(cli("--url", redis_url, "list", "--actor", "nobody")) == (
+        "No locks are held under prefix 'dramatiq-unique' for actor 'nobody'.\n"
+    )
+
+
+def test_show_prints_the_locks_of_one_digest(app, redis_url):
+    module, sent = app
+    report = digest(sent["report_a"])
+    lines = ok(cli("--url", redis_url, "show", report)).splitlines()
+    assert lines[:2] == [
+        f"enqueue lock dramatiq-unique:{{{report}}}: 2 holders",
+        "  actor build_report, queue reports, lock until_executed",
+    ]
+    assert lines[2].split() == ["MESSAGE", "ID", "STATE", "AGE", "TTL", "TOKEN", "WORKER"]
+    assert [line.split()[0] for line in lines[3:]] == [sent["report_a"].message_id, sent["report_b"].message_id]
+    # The key of a lock, as log lines name it, works too.
+    (shown,) = json.loads(ok(cli("--url", redis_url, "show", f"dramatiq-unique:{{{report}}}", "--json")))
+    assert set(shown) == LOCK_KEYS and len(shown["holders"]) == 2
+
+
+def test_explain_computes_the_digest_with_the_actors_lock_args_method(app, redis_url):
+    module, sent = app
+    # No URL: the backend of the module's UniqueJobs.
+    out = ok(
+        cli("explain", "tests.cli_app:settle_payment", '["evt_123", {"amount": 999}]', env={"CLI_APP_URL": redis_url})
+    )
+    lines = out.splitlines()
+    assert lines[:4] == [
+        "actor      settle_payment (queue payments)",
+        "lock       until_executed (lock_limit 1, prefix 'dramatiq-unique')",
+        'lock args  ["evt_123"]',
+        f"digest     {digest(sent['settle'])}",
+    ]
+    assert sent["settle"].message_id in lines[8]
+    assert lines[-1].startswith(
+        f"A new send would be dropped as a duplicate of message {sent['settle'].message_id!r} (queued, taken "
+    )
+    assert lines[-1].endswith("(strategy 'log').")
+
+    explained = json.loads(
+        ok(
+            cli(
+                "--url",
+                redis_url,
+                "explain",
+                "tests.cli_app:settle_payment",
+                '["evt_123"]',
+                "--kwargs",
+                '{"payload": {"amount": 5}}',
+                "--json",
+            )
+        )
+    )
+    assert explained["digest"] == digest(sent["settle"]) and explained["lock_args"] == ["evt_123"]
+    assert explained["locks"][0]["holders"][0]["message_id"] == sent["settle"].message_id
+    assert explained["on_start"] is None
+
+    free = ok(cli("--url", redis_url, "explain", "tests.cli_app:settle_payment", '["evt_456"]'))
+    assert free.splitlines()[-1] == "A new send would take the enqueue lock: it is free."
+    sync = ok(cli("--url", redis_url, "explain", "tests.cli_app:sync_account_balance", "[42]")).splitlines()
+    assert sync[-2] == "A new send would be enqueued: while_executing takes no lock at enqueue."
+    assert sync[-1].startswith("A message with these arguments, started now, would be rescheduled to try again in 5s")
+    assert ok(cli("--url", redis_url, "explain", "tests.cli_app:ping")).splitlines()[-1].startswith("No lock:")
+
+
+def test_unlock_frees_one_holder_or_a_digest_and_dry_run_frees_nothing(app, redis_url):
+    module, sent = app
+    report = digest(sent["report_a"])
+    out = ok(cli("--url", redis_url, "unlock", report, "--dry-run"))
+    assert out.splitlines()[0] == f"Would free 2 places in 1 lock of digest {report!r}:"
+    assert len(json.loads(ok(cli("--url", redis_url, "show", report, "--json")))[0]["holders"]) == 2
+
+    out = ok(cli("--url", redis_url, "unlock", report, "--message-id", sent["report_a"].message_id))
+    assert out.splitlines()[0] == f"Freed 1 place in 1 lock of digest {report!r}:"
+    (left,) = json.loads(ok(cli("--url", redis_url, "show", report, "--json")))
+    assert [h["message_id"] for h in left["holders"]] == [sent["report_b"].message_id]
+
+    settle = digest(sent["settle"])
+    ok(cli("--url", redis_url, "unlock", settle))
+    assert_error(cli("--url", redis_url, "show", settle), RET_NOT_FOUND)
+    # What a user notices: the job can be sent again.
+    assert enqueue_outcome(module.settle_payment.send("evt_123")).status == "enqueued"
+
+    line = assert_error(cli("--url", redis_url, "unlock", report, "--message-id", "nobody"), RET_NOT_FOUND)
+    assert "Message 'nobody' holds no place" in line
+
+
+def test_unlock_all_of_an_actor_asks_for_confirmation(app, redis_url):
+    module, sent = app
+    held = lambda: json.loads(ok(cli("--url", redis_url, "list", "--actor", "build_report", "--json")))  # noqa: E731
+
+    refused = cli("--url", redis_url, "unlock", "--actor", "build_report", "--all", stdin="n\n")
+    assert refused.returncode == RET_ABORTED
+    assert (
+        refused.stderr == "Free 2 places in 1 lock of actor 'build_report'? Their messages are not stopped, "
+        "and duplicates of them can be sent then. [y/N] \n"
+    )
+    assert refused.stdout == "Nothing was freed.\n"
+    assert cli("--url", redis_url, "unlock", "--actor", "build_report", "--all").returncode == RET_ABORTED  # no answer
+    dry = ok(cli("--url", redis_url, "unlock", "--actor", "build_report", "--all", "--dry-run"))
+    assert dry.startswith("Would free 2 places in 1 lock of actor 'build_report':")
+    assert len(held()[0]["holders"]) == 2
+
+    confirmed = cli("--url", redis_url, "unlock", "--actor", "build_report", "--all", stdin="y\n")
+    assert confirmed.returncode == RET_OK
+    assert confirmed.stdout.startswith("Freed 2 places in 1 lock of actor 'build_report':")
+    assert held() == []
+
+    yes = cli("--url", redis_url, "unlock", "--actor", "settle_payment", "--all", "--yes")
+    assert yes.returncode == RET_OK and yes.stderr == ""
+    assert {lock["actor"] for lock in json.loads(ok(cli("--url", redis_url, "list", "--json")))} == {
+        "sync_account_balance"
+    }
+    assert cli("--url", redis_url, "unlock", "--actor", "settle_payment").returncode == RET_USAGE
+
+
+def test_reap_releases_the_run_locks_of_dead_workers(redis_client, redis_url):
+    backend = RedisBackend(client=redis_client)
+    now = backend.time()
+    redis_client.zadd(registry_key("dramatiq-unique"), {"dead-host:1:0000": now - 600_000})
+    holder = Holder("m1", "sync", "default", "while_executing", "running", worker_id="dead-host:1:0000")
+    assert backend.acquire("dramatiq-unique:{d1}:run", "t1", limit=1, ttl=600_000, holder=holder).acquired
+    report = json.loads(ok(cli("--url", redis_url, "reap", "--json")))
+    assert report["released_dead_workers"] == 1 and report["released"] == 1 and report["complete"] is True
+    assert set(report) >= {
+        "passes",
+        "inspected",
+        "released_missing_messages",
+        "forgotten_workers",
+        "skipped",
+        "seconds",
+    }
+    out = ok(cli("--url", redis_url, "reap", "--max-passes", "1")).splitlines()
+    assert re.fullmatch(
+        r"The orphan reaper inspected 0 lock places in 1 pass \(a full cycle\) in \d+\.\d\ds and released 0: "
+        r"0 of dead workers, 0 of messages that no longer exist\.",
+        out[0],
+    )
+    assert out[1] == "Enqueue locks were left alone: pass --app to let the reaper ask your broker about them."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_errors_are_one_line_with_distinct_exit_codes_and_no_secret(tmp_path, redis_url):
+    codes = set()
+    password = "s3cr/et#pw"
+    unreachable = f"redis://app:{password.replace('/', '%2F').replace('#', '%23')}@127.0.0.1:{free_port()}/0"
+    line = assert_error(cli("--url", unreachable, "list"), RET_CONNECT, password, unreachable, "s3cr")
+    assert "ConnectionError" in line
+    codes.add(RET_CONNECT)
+
+    bad = f"redis://app:{password}@127.0.0.1:6379/0"  # a password holding '/' and '#', not percent-encoded
+    line = assert_error(cli("list", env={"DRAMATIQ_UNIQUE_URL": bad}), RET_URL, password, bad, "s3cr", "et#pw")
+    assert "cannot use its url" in line
+    assert_error(cli("list"), RET_URL)
+    codes.add(RET_URL)
+
+    assert_error(cli("--url", redis_url, "show", "0" * 64), RET_NOT_FOUND)
+    codes.add(RET_NOT_FOUND)
+
+    line = assert_error(cli("--url", redis_url, "explain", "no_such_module:actor"), RET_IMPORT)
+    assert "Cannot import module 'no_such_module': ModuleNotFoundError" in line
+    assert_error(
+        cli("--url", redis_url, "explain", "tests.cli_app:nothing", env={"CLI_APP_URL": redis_url}), RET_IMPORT
+    )
+    # A module whose import fails on the URL: what urllib quotes of the password is not shown.
+    (tmp_path / "broken_app.py").write_text(
+        "import os\nfrom dramatiq.brokers.redis import RedisBroker\nRedisBroker(url=os.environ['REDIS_URL'])\n"
+    )
+    line = assert_error(
+        cli("--path", str(tmp_path), "--url", redis_url, "explain", "broken_app:actor", env={"REDIS_URL": bad}),
+        RET_IMPORT,
+        "s3cr",
+        "et#pw",
+        bad,
+    )
+    assert "Cannot import module 'broken_app': ValueError" in line
+    (tmp_path / "plain_app.py").write_text(
+        "import dramatiq\nfrom dramatiq.brokers.stub import StubBroker\ndramatiq.set_broker(StubBroker())\n"
+        "@dramatiq.actor\ndef plain():\n    pass\n"
+    )
+    line = assert_error(cli("--path", str(tmp_path), "--url", redis_url, "explain", "plain_app:plain"), RET_IMPORT)
+    assert "has no UniqueJobs middleware" in line
+    line = assert_error(
+        cli("--url", redis_url, "explain", "tests.cli_app:event_of", env={"CLI_APP_URL": redis_url}), RET_IMPORT
+    )
+    assert "is not a Dramatiq actor" in line
+    codes.add(RET_IMPORT)
+
+    assert_error(
+        cli("--url", redis_url, "explain", "tests.cli_app:settle_payment", "{}", env={"CLI_APP_URL": redis_url}),
+        RET_USAGE,
+    )
+    codes.add(RET_USAGE)
+    assert len(codes) == 5
+
+
+def test_the_cli_on_a_redis_cluster_sees_every_master(redis_cluster, cluster_client):
+    broker = StubBroker()
+    unique = UniqueJobs(backend=RedisBackend(client=cluster_client))
+    broker.add_middleware(unique, before=TimeLimit)
+
+    @dramatiq.actor(broker=broker, lock="until_executed", lock_limit=2)
+    def settle(n):
+        pass
+
+    sent = [settle.send(n) for n in range(12)]
+    sent.append(settle.send(0))  # a second holder of one digest
+    assert all(redis_cluster.keys_per_master("dramatiq-unique:*"))  # the locks are spread over every master
+    url = f"redis://127.0.0.1:{redis_cluster.ports[0]}/0"
+    listed = json.loads(ok(cli("--url", url, "list", "--json")))
+    assert sorted(h["message_id"] for lock in listed for h in lock["holders"]) == sorted(m.message_id for m in sent)
+    assert len(listed) == 12
+
+    zero = digest(sent[0])
+    assert len(json.loads(ok(cli("--url", url, "show", zero, "--json")))[0]["holders"]) == 2
+    ok(cli("--url", url, "unlock", zero, "--message-id", sent[0].message_id))
+    assert enqueue_outcome(settle.send(0)).status == "enqueued"
+    assert ok(cli("--url", url, "unlock", "--actor", "settle", "--all", "--yes")).startswith(
+        "Freed 13 places in 12 locks of actor 'settle':"
+    )
+    assert json.loads(ok(cli("--url", url, "list", "--json"))) == []
