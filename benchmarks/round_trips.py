@@ -34,7 +34,21 @@ TARGETS = {
 
 
 #: What the lock scripts run inside Redis; any other command would be an extra round trip.
-SCRIPT_COMMANDS = {"time", "hgetall", "hget", "hset", "hdel", "del", "pexpireat", "persist", "srem", "sadd", "pexpire"}
+SCRIPT_COMMANDS = {
+    "time",
+    "hgetall",
+    "hget",
+    "hset",
+    "hdel",
+    "del",
+    "pexpireat",
+    "persist",
+    "srem",
+    "sadd",
+    "pexpire",
+    "dump",
+    "restore",
+}
 
 
 def round_trips(client: redis.Redis) -> int:
