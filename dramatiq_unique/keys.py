@@ -34,3 +34,8 @@ def lock_kind(key: str) -> str | None:
     if key.endswith("}:run"):
         return RUN
     return None
+
+
+def digest_of(key: str) -> str:
+    """The digest in the key of a lock."""
+    return key[key.rindex("{") + 1 : key.rindex("}")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -96,6 +97,8 @@ class RedisBackend(LockBackend):
         self._heartbeat = script("heartbeat")
         self._heartbeats = script("heartbeats")
         self._release_record = script("release_record")
+        self._clock = script("clock")
+        self._add_counts = script("add_counts")
 
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
@@ -215,6 +218,27 @@ class RedisBackend(LockBackend):
             self.client.set(key, value, px=ttl)
         except redis.RedisError as e:
             raise _backend_error(e) from e
+
+    def clock(self) -> int:
+        return int(self._call(self._clock, [], []))
+
+    def add_counts(self, counts: Mapping[str, Mapping[str, int]], *, ttl: int) -> None:
+        args: list[Any] = [ttl]
+        for fields in counts.values():
+            args.append(len(fields))
+            for field, count in fields.items():
+                args += (field, count)
+        self._call(self._add_counts, list(counts), args)
+
+    def read_counts(self, keys: Sequence[str]) -> list[dict[str, int]]:
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            contents = pipe.execute()
+        except redis.RedisError as e:
+            raise _backend_error(e) from e
+        return [{_text(field): int(count) for field, count in fields.items()} for fields in contents]
 
     def _call(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         deadline = None

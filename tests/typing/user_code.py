@@ -8,6 +8,7 @@ from typing import Any
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import TimeLimit
+from prometheus_client import CollectorRegistry
 
 from dramatiq_unique import (
     EnqueueOutcome,
@@ -18,10 +19,16 @@ from dramatiq_unique import (
     enqueue_outcome,
     require_current_lock,
 )
+from dramatiq_unique.activity import ActivityReport, read_activity
+from dramatiq_unique.events import LockEvent
 
+backend = StubBackend()
+unique = UniqueJobs(backend=backend, metrics=CollectorRegistry())
 broker = StubBroker()
-broker.add_middleware(UniqueJobs(backend=StubBackend()), before=TimeLimit)
+broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
+conflicts: list[LockEvent] = []
+unique.subscribe("conflict", conflicts.append)
 
 settled: dict[str, int] = {}
 
@@ -48,3 +55,8 @@ def send_twice() -> tuple[bool, str]:
     again: EnqueueOutcome = enqueue_outcome(settle_payment.send("evt_123", {"amount": 100}))
     holder: str = again.holder
     return enqueue_outcome(message).enqueued and not again.enqueued, holder
+
+
+def conflicts_per_actor() -> dict[str, int]:
+    report: ActivityReport = read_activity(backend, minutes=60)
+    return {actor: counts.get("conflict", 0) for actor, counts in report.totals().items()}

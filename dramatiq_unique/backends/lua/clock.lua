@@ -1,0 +1,3 @@
+-- Returns now in milliseconds of the server's clock.
+local now = clock()
+return now
