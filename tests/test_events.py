@@ -106,6 +106,43 @@ def test_subscribers_receive_every_kind_of_lock_event(make_env):
     assert {e.kind for e in events} == EVENT_KINDS - {"lease_lost", "reaped", "backend_error"}
 
 
+@pytest.mark.parametrize(
+    "lock, kinds",
+    [
+        # The lock is given up at start: the retry takes it again.
+        ("until_executing", {"acquired enqueue": 2, "released enqueue": 2}),
+        # The retry re-enters the place it kept: no new acquisition.
+        ("until_executed", {"acquired enqueue": 1, "released enqueue": 1}),
+        ("until_expired", {"acquired enqueue": 1}),
+        ("while_executing", {"acquired run": 2, "released run": 2}),
+        (
+            "until_and_while_executing",
+            {"acquired enqueue": 2, "acquired run": 2, "released enqueue": 2, "released run": 2},
+        ),
+    ],
+)
+def test_each_place_taken_is_one_acquisition_and_each_given_up_one_release(make_env, lock, kinds):
+    env = make_env()
+    events: list[LockEvent] = []
+    env.middleware.subscribe(["acquired", "released"], events.append)
+    attempts = []
+
+    @env.actor(lock=lock, lock_ttl=60_000 if lock == "until_expired" else None, max_retries=1)
+    def job(key):
+        attempts.append(key)
+        if len(attempts) == 1:
+            raise RuntimeError("fails once")
+
+    env.worker()
+    job.send("k")
+    env.join(job)
+    assert len(attempts) == 2
+    seen: dict[str, int] = {}
+    for e in events:
+        seen[f"{e.kind} {e.lock_kind}"] = seen.get(f"{e.kind} {e.lock_kind}", 0) + 1
+    assert seen == kinds
+
+
 def test_a_lost_lease_and_a_reaped_lock_are_events(make_env):
     env = make_env(lease_period=300, heartbeat_interval=100)
     events: list[LockEvent] = []
