@@ -34,7 +34,21 @@ TARGETS = {
 
 
 #: What the lock scripts run inside Redis; any other command would be an extra round trip.
-SCRIPT_COMMANDS = {"time", "hgetall", "hget", "hset", "hdel", "del", "pexpireat", "persist", "srem", "sadd", "pexpire"}
+SCRIPT_COMMANDS = {
+    "time",
+    "hgetall",
+    "hget",
+    "hset",
+    "hdel",
+    "del",
+    "pexpireat",
+    "persist",
+    "srem",
+    "sadd",
+    "pexpire",
+    "dump",
+    "restore",
+}
 
 
 def round_trips(client: redis.Redis) -> int:
@@ -59,9 +73,11 @@ def measure(url: str, lock: str, lock_ttl: int | None) -> float:
     def noop(i):
         pass
 
-    noop.send(-1)  # loads the scripts
     worker = dramatiq.Worker(broker, worker_threads=4, worker_timeout=100)
     worker.start()
+    # Loads the scripts. Sent once the worker runs, so that its heartbeat thread flushes the
+    # activity counts (every 5 s, never per message) instead of a thread of the sending process.
+    noop.send(-1)
     broker.join(noop.queue_name)
     worker.join()
     client.config_resetstat()

@@ -1,5 +1,6 @@
 """Job-uniqueness locks for Dramatiq."""
 
+from .activity import ActivityReport, MinuteActivity, read_activity
 from .backends import LockBackend, RedisBackend, StubBackend
 from .current import HeldLock, current_lock, require_current_lock
 from .errors import (
@@ -14,6 +15,7 @@ from .errors import (
     NoLockHeld,
     UniqueError,
 )
+from .events import EVENT_KINDS, LockEvent
 from .middleware import UniqueJobs
 from .operations import Explanation, HolderInfo, LockInfo, Locks
 from .outcome import EnqueueOutcome, enqueue_outcome
@@ -44,6 +46,12 @@ __all__ = [
     # Crash safety
     "ReapReport",
     "reap_orphans",
+    # Events and activity
+    "EVENT_KINDS",
+    "LockEvent",
+    "ActivityReport",
+    "MinuteActivity",
+    "read_activity",
     # Errors
     "UniqueError",
     "InvalidLockOptions",

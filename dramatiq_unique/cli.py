@@ -27,6 +27,7 @@ import redis
 from dramatiq import Actor, Broker
 
 from . import __version__
+from .activity import read_activity
 from .backends import LockBackend, RedisBackend
 from .errors import InvalidBackendOptions, LockArgumentsError, LockBackendError
 from .keys import digest_of
@@ -71,6 +72,9 @@ examples:
 
   # Run the orphan reaper once (with --app it also asks the broker about enqueue locks).
   $ dramatiq-unique --app myapp.tasks reap --json
+
+  # What the locks did in the last 15 minutes, per actor.
+  $ dramatiq-unique stats --minutes 15
 
 exit codes:
   0 done, 2 invalid command line or actor arguments, 3 module import failed,
@@ -448,7 +452,7 @@ def run_unlock(context: Context, args: argparse.Namespace) -> int:
         found = list(context.locks.list(actor=args.actor))
         what = f"of actor {args.actor!r}"
         if not found:
-            context.print(f"No locks of actor {args.actor!r} are held under {_prefixes(context)}.")
+            context.print(f"No locks of actor {args.actor!r} are held under prefix {context.prefixes[0]!r}.")
             return RET_OK
     if args.dry_run:
         context.print(f"Would free {_places(found)} {what}:")
@@ -517,6 +521,60 @@ def run_reap(context: Context, args: argparse.Namespace) -> int:
     return RET_OK
 
 
+#: The event kinds in the order of the stats table's columns.
+STATS_COLUMNS = (
+    "acquired",
+    "released",
+    "conflict",
+    "rescheduled",
+    "rejected",
+    "replaced",
+    "lapsed",
+    "lease_lost",
+    "reaped",
+    "backend_error",
+)
+
+
+def declare_stats(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "stats",
+        help="count the lock events of the last minutes",
+        description="Count, per actor, the lock events every worker and sender reported in the last minutes "
+        "(acquisitions, conflicts, releases, ...). Workers report them once per heartbeat interval, so the last "
+        "seconds may be missing.",
+    )
+    parser.add_argument(
+        "--minutes", type=_positive, default=60, metavar="N", help="the last N minutes, at most 360 (default: 60)"
+    )
+    parser.add_argument("--json", action="store_true", help="print per-minute rows and totals as one JSON object")
+    parser.set_defaults(run=run_stats)
+
+
+def run_stats(context: Context, args: argparse.Namespace) -> int:
+    try:
+        report = read_activity(context.backend, prefix=context.prefixes[0], minutes=args.minutes)
+    except ValueError as e:
+        raise CommandError(str(e), RET_USAGE) from None
+    if args.json:
+        context.print_json(report.as_dict())
+        return RET_OK
+    totals = report.totals()
+    window = f"the last {_count(args.minutes, 'minute')} under prefix {context.prefixes[0]!r}"
+    if not totals:
+        context.print(f"No lock events in {window}.")
+        return RET_OK
+    columns = [kind for kind in STATS_COLUMNS if any(kind in counts for counts in totals.values())]
+    rows = [
+        [actor or "(no actor)", *(str(counts.get(kind, 0)) for kind in columns)]
+        for actor, counts in sorted(totals.items())
+    ]
+    context.print(f"Lock events of {window}:")
+    for line in table(["ACTOR", *(kind.upper().replace("_", " ") for kind in columns)], rows):
+        context.print(line)
+    return RET_OK
+
+
 #: The subcommands, in the order of ``--help``.
 SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     declare_list,
@@ -524,6 +582,7 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     declare_explain,
     declare_unlock,
     declare_reap,
+    declare_stats,
 ]
 
 

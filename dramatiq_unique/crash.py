@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import dramatiq
 from dramatiq import Broker
+from dramatiq.results import Results
 
 from .backends import Holder
 from .errors import InvalidLockOptions, LockBackendError, LockBackendRetry
@@ -90,14 +91,17 @@ class CrashSafety:
 
         Send it yourself to run a reaper cycle, e.g. from a scheduler: it
         accepts ``max_passes`` (``None``: until every lock was inspected) and
-        returns its report as a dict. Only one runs at a time.
+        logs its report in one line. Only one runs at a time. With Dramatiq's
+        ``Results`` middleware on the broker, it also returns the report as a dict.
         """
         if self.reaper_actor is not None:
             return self.reaper_actor
         reaper = self.reaper
 
-        def dramatiq_unique_reaper(max_passes: int | None = None) -> dict[str, Any]:
-            return reaper.run(broker=broker, max_passes=max_passes).as_dict()
+        def dramatiq_unique_reaper(max_passes: int | None = None) -> dict[str, Any] | None:
+            report = reaper.run(broker=broker, max_passes=max_passes)
+            # Dramatiq warns of every value returned where no Results middleware keeps it.
+            return report.as_dict() if any(isinstance(m, Results) for m in broker.middleware) else None
 
         self.reaper_actor = dramatiq.actor(
             broker=broker,

@@ -26,9 +26,15 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .backends import LockBackend
 from .errors import LockBackendError
+from .events import BACKEND_ERROR, LEASE_LOST, Events, LockEvent
+from .keys import RUN
+
+if TYPE_CHECKING:
+    from .lock import MessageLock
 
 #: The default lease of a run lock, in milliseconds: a dead worker's run locks are free again within it.
 DEFAULT_LEASE_PERIOD = 30_000
@@ -58,6 +64,7 @@ def registry_key(prefix: str) -> str:
 class _Lease:
     expires_at: int
     deadline: int | None
+    lock: MessageLock | None
 
 
 class Liveness:
@@ -70,6 +77,7 @@ class Liveness:
       lease_period(int): Milliseconds a run lock is held without a renewal.
       heartbeat_interval(int): Milliseconds between two heartbeats.
       logger(Logger): Where to report.
+      events(Events): Where lost leases and backend errors are told.
     """
 
     def __init__(
@@ -80,8 +88,10 @@ class Liveness:
         lease_period: int,
         heartbeat_interval: int,
         logger: logging.Logger,
+        events: Events | None = None,
     ):
         self.backend = backend
+        self.events = events if events is not None else Events(logger=logger)
         self.registry_key = registry_key(prefix)
         #: The registries of the other lock prefixes this process's actors use.
         self._other_registries: tuple[str, ...] = ()
@@ -90,6 +100,8 @@ class Liveness:
         self.logger = logger
         #: Called by the thread after each heartbeat (the reaper's trigger).
         self.on_tick: Callable[[int], None] | None = None
+        #: Called by the thread after each heartbeat, and once more when it stops (the activity counters).
+        self.on_flush: Callable[[], None] | None = None
         self._mutex = threading.Lock()
         self._leases: dict[tuple[str, str], _Lease] = {}
         self._pending: dict[tuple[str, str], int] = {}
@@ -161,6 +173,7 @@ class Liveness:
             thread, self._thread = self._thread, None
         self._stopped.set()
         thread.join()
+        self._flush()
         self._retry_releases()
         for key, owner in self._pending:
             self.logger.error(
@@ -179,11 +192,17 @@ class Liveness:
 
     # What the thread looks after ---------------------------------------------
 
-    def hold(self, key: str, owner: str, *, expires_at: int | None, deadline: int | None) -> None:
-        """Renew this run lock until :meth:`drop`; a place that never lapses needs nothing."""
+    def hold(
+        self, key: str, owner: str, *, expires_at: int | None, deadline: int | None, lock: MessageLock | None = None
+    ) -> None:
+        """Renew this run lock until :meth:`drop`; a place that never lapses needs nothing.
+
+        Parameters:
+          lock(MessageLock): The message's locks, whose events tell of a lost lease.
+        """
         if expires_at and (deadline is None or expires_at < deadline):
             with self._mutex:
-                self._leases[(key, owner)] = _Lease(expires_at=expires_at, deadline=deadline)
+                self._leases[(key, owner)] = _Lease(expires_at=expires_at, deadline=deadline, lock=lock)
 
     def drop(self, key: str, owner: str) -> None:
         with self._mutex:
@@ -203,6 +222,7 @@ class Liveness:
             return
         self._renew_due()
         self._retry_releases()
+        self._flush()
         if self.on_tick is not None:
             try:
                 self.on_tick(now)
@@ -223,6 +243,7 @@ class Liveness:
             now = self.backend.heartbeat(self.registry_key, self.worker_id, ttl=self.lease_period)
         except LockBackendError as e:
             self._heartbeat_failed(e)
+            self._backend_failed("heartbeat", e)
             return None
         # The server read its clock about halfway through the round trip. Our monotonic
         # clock, unlike our wall clock, does not step.
@@ -235,6 +256,7 @@ class Liveness:
                 self.backend.heartbeat(key, self.worker_id, ttl=self.lease_period)
             except LockBackendError as e:
                 self._heartbeat_failed(e)
+                self._backend_failed("heartbeat", e)
                 return None
         self._heartbeat_answered()
         return now
@@ -270,21 +292,26 @@ class Liveness:
                 expires_at = self.backend.renew(key, owner, ttl=self.lease_period, deadline=lease.deadline)
             except LockBackendError as e:
                 self.logger.warning("The lease of run lock %r could not be renewed: %s", key, e)
+                if lease.lock is not None:
+                    lease.lock.emit(BACKEND_ERROR, lock_kind=RUN, reason="renewal", error=e)
                 continue
             with self._mutex:
                 if (key, owner) not in self._leases:
                     continue  # released meanwhile
                 if expires_at is None:
                     del self._leases[(key, owner)]
-                    self.logger.warning(
-                        "The run lock %r lapsed while its message was still running: its lease ran out "
-                        "before this worker renewed it. Another copy may run now.",
-                        key,
-                    )
                 elif lease.deadline is not None and expires_at >= lease.deadline:
                     del self._leases[(key, owner)]  # lock_ttl ends it; nothing more to renew
                 else:
                     lease.expires_at = expires_at
+            if expires_at is None:
+                self.logger.warning(
+                    "The run lock %r lapsed while its message was still running: its lease ran out "
+                    "before this worker renewed it. Another copy may run now.",
+                    key,
+                )
+                if lease.lock is not None:
+                    lease.lock.emit(LEASE_LOST, lock_kind=RUN)
 
     def _retry_releases(self) -> None:
         with self._mutex:
@@ -292,10 +319,23 @@ class Liveness:
         for key, owner in pending:
             try:
                 self.backend.release(key, owner)
-            except LockBackendError:
+            except LockBackendError as e:
                 with self._mutex:
                     self._pending[(key, owner)] += 1
+                self._backend_failed("release", e)
                 continue
             with self._mutex:
                 self._pending.pop((key, owner), None)
             self.logger.info("The lock %r of %r was released on a later attempt.", key, owner)
+
+    def _flush(self) -> None:
+        if self.on_flush is not None:
+            try:
+                self.on_flush()
+            except Exception:
+                self.logger.exception("The heartbeat thread's flush failed.")
+
+    def _backend_failed(self, what: str, error: LockBackendError) -> None:
+        """Tell of a failure outside any message (a heartbeat, a release tried again)."""
+        if self.events.wants(BACKEND_ERROR):
+            self.events.emit(LockEvent(kind=BACKEND_ERROR, actor_name="", queue_name="", reason=what, error=error))

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING
 from dramatiq.common import q_name
 
 from .backends import Acquisition, Holder, LockBackend
-from .backends.base import HELD, LAPSED, SUPERSEDED
+from .backends.base import HELD, SUPERSEDED
+from .backends.base import LAPSED as NOT_HELD
 from .current import HeldLock
 from .digest import compute_digest, lock_arguments
 from .errors import LockBackendError
-from .keys import enqueue_key, replaced_key, run_key
+from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, Events, LockEvent
+from .keys import ENQUEUE, RUN, enqueue_key, replaced_key, run_key
 from .liveness import worker_id
 from .options import LockConfig
 from .outcome import ENQUEUED, AnyMessage, EnqueueOutcome, enqueue_outcome, has_followers, record_outcome
@@ -24,6 +26,9 @@ if TYPE_CHECKING:
 #: How close to its recorded expiry an enqueue lock is checked again when its
 #: message starts, for the error of this process's estimate of the backend's clock.
 LAPSE_MARGIN = 1000
+
+#: The hub of locks built without one: nobody subscribes to it.
+_NO_EVENTS = Events(logger=logging.getLogger(__name__))
 
 
 __all__ = ["MessageLock", "worker_id"]
@@ -45,6 +50,7 @@ class MessageLock:
       liveness(Liveness): This process's heartbeat thread: it renews the
         run lock's lease and retries failed releases. Without
         it, run locks last ``lock_ttl`` and failed releases are only logged.
+      events(Events): Where the lock's events go.
     """
 
     def __init__(
@@ -57,9 +63,11 @@ class MessageLock:
         outcome: EnqueueOutcome,
         logger: logging.Logger,
         liveness: Liveness | None = None,
+        events: Events | None = None,
     ):
         self.backend = backend
         self.liveness = liveness
+        self.events = events if events is not None else _NO_EVENTS
         self.config = config
         self.message = message
         self.digest = digest
@@ -90,6 +98,7 @@ class MessageLock:
         message: AnyMessage,
         logger: logging.Logger,
         liveness: Liveness | None = None,
+        events: Events | None = None,
     ) -> MessageLock:
         """The locks of ``message``, with the digest it recorded when it was
         enqueued, or computed from its arguments.
@@ -113,6 +122,7 @@ class MessageLock:
             outcome=outcome,
             logger=logger,
             liveness=liveness,
+            events=events,
         )
 
     @property
@@ -137,6 +147,45 @@ class MessageLock:
             return None
         return HeldLock(digest=self.digest, token=token, lock=self.config.lock.name, message_id=self.message.message_id)
 
+    def emit(
+        self,
+        kind: str,
+        *,
+        lock_kind: str | None = None,
+        token: int | None = None,
+        side: str | None = None,
+        strategy: str | None = None,
+        holders: tuple[str, ...] = (),
+        delay: int | None = None,
+        replaced: str | None = None,
+        reason: str | None = None,
+        error: Exception | None = None,
+    ) -> None:
+        """Tell the subscribers of ``kind`` what happened to this message's
+        locks; without subscribers, nothing is built."""
+        if not self.events.wants(kind):
+            return
+        message = self.message
+        self.events.emit(
+            LockEvent(
+                kind=kind,
+                actor_name=message.actor_name,
+                queue_name=q_name(message.queue_name),
+                digest=self.digest,
+                message_id=message.message_id,
+                lock=self.config.lock.name,
+                lock_kind=lock_kind,
+                token=token,
+                side=side,
+                strategy=strategy,
+                holders=holders,
+                delay=delay,
+                replaced=replaced,
+                reason=reason,
+                error=error,
+            )
+        )
+
     def acquire_enqueue(
         self, delay: int | None = None, *, may_replace: bool = True, holder: Holder | None = None
     ) -> Acquisition:
@@ -150,6 +199,8 @@ class MessageLock:
         Parameters:
           holder(Holder): What to record; by default the message as queued.
         """
+        # A re-entry keeps the token: only a new place is an acquisition.
+        previous = self.enqueue_token if self.holds_enqueue else None
         # Until the backend answers, the message may hold the lock: if the
         # answer is lost, release_enqueue() still gives the place up.
         self.holds_enqueue = True
@@ -174,6 +225,8 @@ class MessageLock:
             self.enqueue_token = acquisition.token
             self.enqueue_expires_at = acquisition.expires_at
             self.record_enqueued(replaced=acquisition.replaced)
+            if acquisition.token != previous:
+                self.emit(ACQUIRED, lock_kind=ENQUEUE, token=acquisition.token)
         if acquisition.replaced:
             self.logger.info(
                 "Message %r of actor %r took lock %r from queued message %r, which will be skipped "
@@ -183,6 +236,7 @@ class MessageLock:
                 self.digest,
                 acquisition.replaced,
             )
+            self.emit(REPLACED, lock_kind=ENQUEUE, replaced=acquisition.replaced)
         return acquisition
 
     def record_enqueued(self, replaced: str | None = None, *, status: str = ENQUEUED) -> None:
@@ -219,7 +273,7 @@ class MessageLock:
         at the cost of one round trip.
         """
         if self.config.client_strategy.replaces_queued_holders:
-            if self.holds_enqueue and self._claim(release=False) == LAPSED:
+            if self.holds_enqueue and self._claim(release=False) == NOT_HELD:
                 self._retake_lapsed_enqueue()
         else:
             self.reenter_enqueue_if_lapsed()
@@ -239,8 +293,12 @@ class MessageLock:
         self._retake_lapsed_enqueue()
 
     def _retake_lapsed_enqueue(self) -> None:
+        previous = self.enqueue_token if self.holds_enqueue else None
         # Recorded as running: a newer message never takes a running holder's place (C4).
         acquisition = self.acquire_enqueue(may_replace=False, holder=self._running_holder(enqueue_lock=True))
+        # Without a place before, the claim that found it lapsed said so already.
+        if previous is not None and acquisition.token != previous:
+            self.emit(LAPSED, lock_kind=ENQUEUE, holders=acquisition.holders)
         if not acquisition.acquired:
             self.holds_enqueue = False
             self.logger.warning(
@@ -257,11 +315,12 @@ class MessageLock:
         if self.holds_enqueue:
             self.holds_enqueue = False
             try:
-                self.backend.release(self.enqueue_key, self.message.message_id)
+                released = self.backend.release(self.enqueue_key, self.message.message_id)
             except LockBackendError:
                 if self.liveness is not None:
                     self.liveness.retry_release(self.enqueue_key, self.message.message_id)
                 raise
+            self.emit(RELEASED if released else LAPSED, lock_kind=ENQUEUE)
 
     def forget_enqueue_after_failure(self) -> None:
         """The backend failed to answer an acquisition of the enqueue lock,
@@ -287,6 +346,7 @@ class MessageLock:
         """Take a place in the run lock and give up the enqueue lock, atomically."""
         owner = uuid.uuid4().hex
         ttl = self._run_ttl()
+        held = self.holds_enqueue
         acquisition = self.backend.swap(
             release_key=self.enqueue_key,
             release_owner=self.message.message_id,
@@ -303,6 +363,8 @@ class MessageLock:
             self.holds_enqueue = False
             self.superseded = True
         self._took_run_lock(owner, acquisition, ttl)
+        if acquisition.acquired and held:
+            self.emit(RELEASED, lock_kind=ENQUEUE)
         return acquisition
 
     def release_run(self) -> None:
@@ -312,7 +374,8 @@ class MessageLock:
             if self.liveness is not None:
                 # Not renewed any more: if the release fails, the lease runs out.
                 self.liveness.drop(self.run_key, owner)
-            self.backend.release(self.run_key, owner)
+            released = self.backend.release(self.run_key, owner)
+            self.emit(RELEASED if released else LAPSED, lock_kind=RUN)
 
     def _claim(self, *, release: bool) -> str:
         answer = self.backend.claim(
@@ -325,6 +388,10 @@ class MessageLock:
         if release or answer != HELD:
             self.holds_enqueue = False
         self.superseded = answer == SUPERSEDED
+        if answer == NOT_HELD:
+            self.emit(LAPSED, lock_kind=ENQUEUE)
+        elif release and answer == HELD:
+            self.emit(RELEASED, lock_kind=ENQUEUE)
         return answer
 
     def _run_ttl(self) -> int | None:
@@ -339,12 +406,13 @@ class MessageLock:
         if acquisition.acquired:
             self.run_owner = owner
             self.run_token = acquisition.token
+            self.emit(ACQUIRED, lock_kind=RUN, token=acquisition.token)
             if self.liveness is not None and ttl is not None and acquisition.expires_at:
                 # lock_ttl still ends the lock: renewals never go past it.
                 deadline = None
                 if self.config.lock_ttl is not None:
                     deadline = acquisition.expires_at - ttl + self.config.lock_ttl
-                self.liveness.hold(self.run_key, owner, expires_at=acquisition.expires_at, deadline=deadline)
+                self.liveness.hold(self.run_key, owner, expires_at=acquisition.expires_at, deadline=deadline, lock=self)
 
     def _running_holder(self, *, enqueue_lock: bool = False) -> Holder:
         return self._holder("running", worker_id=worker_id(), enqueue_lock=enqueue_lock)

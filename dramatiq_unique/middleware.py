@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any, NoReturn, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from dramatiq import Broker, Message, Middleware
 from dramatiq.actor import Actor
@@ -15,12 +15,16 @@ from dramatiq.common import q_name
 from dramatiq.logging import get_logger
 from dramatiq.middleware import Retries, SkipMessage
 
+from .activity import ActivityCounter
 from .backends import LockBackend
 from .crash import ALLOW, RAISE, CrashSafety, check_crash_options
 from .current import _set_current_lock
 from .errors import EnqueueCancelled, InvalidLockOptions, LockArgumentsError, LockBackendError
+from .events import BACKEND_ERROR, CONFLICT, EVENT_KINDS, Events, Subscriber
+from .events import RESCHEDULED as RESCHEDULED_EVENT
 from .liveness import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_PERIOD, Liveness
 from .lock import MessageLock
+from .metrics import PrometheusMetrics, check_metrics_option, warn_if_prometheus_follows
 from .options import (
     DEFAULT_LOCK_PREFIX,
     DEFAULT_RESCHEDULE_DELAY,
@@ -49,6 +53,9 @@ from .strategies.reschedule import Reschedule
 
 #: The options of Dramatiq's Callbacks and Retries that name an actor sent when a message ends.
 _CALLBACK_OPTIONS = ("on_success", "on_failure", "on_retry_exhausted")
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 #: What becomes of a message that must not be dropped and cannot take its lock
 #: now: a redelivery meeting its own earlier attempt, a message that a group or
@@ -101,6 +108,15 @@ class UniqueJobs(CrashSafety, Middleware):
       reaper_interval(int): Milliseconds between two runs of the reaper,
         across all workers; ``None`` to schedule ``reaper_actor`` yourself.
       reaper_queue(str): The queue of the reaper actor.
+
+    And these of the lock events (see docs/events-and-metrics.md):
+
+    Parameters:
+      metrics(bool|CollectorRegistry): Count lock events in Prometheus
+        counters: ``True`` for prometheus_client's default registry, or the
+        registry to use. Needs ``pip install 'dramatiq-unique[prometheus]'``.
+      activity(bool): Count lock events per minute in the lock backend, for
+        ``read_activity()``; each process adds its counts once per heartbeat interval.
     """
 
     def __init__(
@@ -123,6 +139,8 @@ class UniqueJobs(CrashSafety, Middleware):
         reaper: bool = False,
         reaper_interval: int | None = DEFAULT_REAPER_INTERVAL,
         reaper_queue: str = "default",
+        metrics: bool | CollectorRegistry = False,
+        activity: bool = True,
     ):
         self.logger: logging.Logger = get_logger(__name__, type(self))  # type: ignore[no-untyped-call]
         self.backend = backend
@@ -132,15 +150,34 @@ class UniqueJobs(CrashSafety, Middleware):
             on_backend_error=on_backend_error,
             reaper_interval=reaper_interval,
         )
+        check_metrics_option(metrics)
         self.on_backend_error = on_backend_error
+        #: The lock events of this middleware's messages, its heartbeat thread and its reaper.
+        self.events = Events(logger=self.logger)
         self.liveness = Liveness(
             backend,
             prefix=lock_prefix,
             lease_period=lease_period,
             heartbeat_interval=heartbeat_interval,
             logger=self.logger,
+            events=self.events,
         )
-        self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger)
+        self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger, events=self.events)
+        self.metrics = None if metrics is False else PrometheusMetrics(None if metrics is True else metrics)
+        if self.metrics is not None:
+            self.events.subscribe(PrometheusMetrics.kinds, self.metrics)
+        self.activity = None
+        if activity:
+            self.activity = ActivityCounter(
+                backend,
+                prefix=lock_prefix,
+                clock=self.liveness.backend_time,
+                flushed_elsewhere=lambda: self.liveness.running,
+                interval=heartbeat_interval,
+                logger=self.logger,
+            )
+            self.events.subscribe(EVENT_KINDS, self.activity)
+            self.liveness.on_flush = self.activity.flush
         self.reaper_enabled = reaper
         self.reaper_interval = reaper_interval
         self.reaper_queue = reaper_queue
@@ -182,6 +219,23 @@ class UniqueJobs(CrashSafety, Middleware):
         """The resolved lock options of an actor, as its messages use them
         unless one overrides them; ``None`` when it has no lock."""
         return self._actors.get(actor_name, (self.defaults, self._default_config))[1]
+
+    # Lock events -------------------------------------------------------------
+
+    def subscribe(self, kind: str | Iterable[str], callback: Subscriber) -> None:
+        """Call ``callback`` with a :class:`~dramatiq_unique.events.LockEvent`
+        for every lock event of ``kind`` (one of
+        :data:`~dramatiq_unique.events.EVENT_KINDS`, or several) in this
+        process. A callback that raises is logged; locking goes on.
+
+        Raises:
+          ValueError: If a kind is unknown.
+        """
+        self.events.subscribe(kind, callback)
+
+    def unsubscribe(self, kind: str | Iterable[str], callback: Subscriber) -> None:
+        """Stop calling ``callback`` for ``kind``."""
+        self.events.unsubscribe(kind, callback)
 
     # Actor declaration -------------------------------------------------------
 
@@ -244,10 +298,17 @@ class UniqueJobs(CrashSafety, Middleware):
         except BaseException:
             taken = self._local.taken
             if taken is not None:
-                self._release(taken.release_enqueue, taken.message, "after its enqueue failed")
+                self._release(taken.release_enqueue, taken, "after its enqueue failed")
             raise
         finally:
             self._local.taken = outer
+
+    def before_worker_boot(self, broker: Broker, worker: Any) -> None:
+        warn_if_prometheus_follows(broker, self, self.logger)
+        if self.metrics is not None:
+            # In a worker process, after Dramatiq's Prometheus middleware chose where values go.
+            self.metrics.setup()
+        super().before_worker_boot(broker, worker)
 
     def after_consumer_thread_boot(self, broker: Broker, thread: Any) -> None:
         # Consumer threads enqueue only to move due delayed messages to their queues.
@@ -271,9 +332,7 @@ class UniqueJobs(CrashSafety, Middleware):
         # wedge a consumer or stop a pipeline (L6).
         internal = self._is_internal_enqueue(broker, message)
         try:
-            lock = MessageLock.for_message(
-                backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
-            )
+            lock = self._lock_for(message, config)
         except LockArgumentsError as e:
             if not internal:
                 # Bad lock arguments fail the send for every lock type (D6).
@@ -288,6 +347,7 @@ class UniqueJobs(CrashSafety, Middleware):
         try:
             acquisition = lock.acquire_enqueue(delay)
         except LockBackendError as e:
+            lock.emit(BACKEND_ERROR, reason="acquisition at enqueue", error=e)
             # The script may have run and only its answer been lost: give the place back.
             lock.forget_enqueue_after_failure()
             if internal and self.on_backend_error != ALLOW:
@@ -302,6 +362,7 @@ class UniqueJobs(CrashSafety, Middleware):
         strategy = self._strategy_for(message, config.client_strategy)
         if internal and strategy.fails_send:
             strategy = _TRY_AGAIN_STRATEGY
+        lock.emit(CONFLICT, side=CLIENT, strategy=strategy.name, holders=acquisition.holders)
         try:
             strategy.on_client_conflict(conflict)
         except EnqueueCancelled:
@@ -370,6 +431,7 @@ class UniqueJobs(CrashSafety, Middleware):
             reason,
             wait,
         )
+        lock.emit(RESCHEDULED_EVENT, delay=wait, reason=reason)
         outcome = enqueue_outcome(message)
         again = message.copy(queue_name=q_name(message.queue_name))
         record_outcome(
@@ -388,13 +450,14 @@ class UniqueJobs(CrashSafety, Middleware):
 
     def _reenter(self, message: Message[Any], config: LockConfig, delay: int | None) -> None:
         # Never raises, but to drop a stale retry: an exception here would lose a retry or wedge a consumer.
+        lock: MessageLock | None = None
         try:
-            lock = MessageLock.for_message(
-                backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
-            )
+            lock = self._lock_for(message, config)
             # A re-enqueue never takes another message's place (C4).
             acquisition = lock.acquire_enqueue(delay, may_replace=False)
         except Exception as e:
+            if lock is not None and isinstance(e, LockBackendError):
+                lock.emit(BACKEND_ERROR, reason="acquisition at enqueue", error=e)
             self.logger.warning(
                 "Message %r of actor %r is enqueued again without its lock: %s",
                 message.message_id,
@@ -415,6 +478,7 @@ class UniqueJobs(CrashSafety, Middleware):
                 holders,
                 lock.digest,
             )
+            lock.emit(CONFLICT, side=CLIENT, strategy=config.client_strategy.name, holders=acquisition.holders)
             record_outcome(message, EnqueueOutcome(status=DUPLICATE, digest=lock.digest, holder=acquisition.holders[0]))
             raise EnqueueCancelled("A newer message holds the lock.", message)
         self.logger.warning(
@@ -436,13 +500,12 @@ class UniqueJobs(CrashSafety, Middleware):
         if config is None:
             return
         dead_letter_if_rejected(message, self.logger)
-        lock = MessageLock.for_message(
-            backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
-        )
+        lock = self._lock_for(message, config)
         self._local.processing = lock
         try:
             acquisition = config.lock.start(lock)
         except LockBackendError as e:
+            lock.emit(BACKEND_ERROR, reason="start", error=e)
             self._backend_failed(message, "run", e)  # raises, unless on_backend_error="allow"
             acquisition = None
         if lock.superseded:
@@ -461,6 +524,7 @@ class UniqueJobs(CrashSafety, Middleware):
                 # which the broker gave up on: it is no duplicate to drop, so it tries again
                 # once that attempt has finished or its lease has run out (SPEC L7, R1).
                 strategy = _TRY_AGAIN_STRATEGY
+            lock.emit(CONFLICT, side=SERVER, strategy=strategy.name, holders=acquisition.holders)
             strategy.on_server_conflict(conflict)
         _set_current_lock(lock.held())
 
@@ -482,12 +546,20 @@ class UniqueJobs(CrashSafety, Middleware):
             config = self._config_for(message)
             if config is None or not enqueue_outcome(message).digest:
                 return
-            lock = MessageLock.for_message(
-                backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
-            )
-        self._release(lambda: lock.config.lock.end(lock, requeued=lock.requeued), message, "after it was processed")
+            lock = self._lock_for(message, config)
+        self._release(lambda: lock.config.lock.end(lock, requeued=lock.requeued), lock, "after it was processed")
 
     # Helpers -----------------------------------------------------------------
+
+    def _lock_for(self, message: AnyMessage, config: LockConfig) -> MessageLock:
+        return MessageLock.for_message(
+            backend=self.backend,
+            config=config,
+            message=message,
+            logger=self.logger,
+            liveness=self.liveness,
+            events=self.events,
+        )
 
     def _config_for(self, message: AnyMessage) -> LockConfig | None:
         options, config = self._actors.get(message.actor_name, (self.defaults, self._default_config))
@@ -506,10 +578,12 @@ class UniqueJobs(CrashSafety, Middleware):
                 )
         return overridden
 
-    def _release(self, release: Callable[[], None], message: AnyMessage, when: str) -> None:
+    def _release(self, release: Callable[[], None], lock: MessageLock, when: str) -> None:
+        message = lock.message
         try:
             release()
         except LockBackendError as e:
+            lock.emit(BACKEND_ERROR, reason="release", error=e)
             self.logger.warning(
                 "The lock of message %r of actor %r could not be released %s: %s. %s",
                 message.message_id,

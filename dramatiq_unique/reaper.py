@@ -39,7 +39,8 @@ from dramatiq import Broker, Message
 from dramatiq.common import dq_name
 
 from .backends import Holder, LockBackend, LockRecord
-from .keys import RUN
+from .events import REAPED, Events, LockEvent
+from .keys import RUN, digest_of
 from .liveness import registry_key
 
 #: The default interval between two reaper runs, in milliseconds.
@@ -98,6 +99,7 @@ class Reaper:
       batch(int): About how many keys one pass inspects.
       min_age(int): Enqueue locks younger than this (ms) are never reaped.
       confirm_delay(float): Seconds between the two looks for a message.
+      events(Events): Where each released lock is told.
     """
 
     def __init__(
@@ -109,8 +111,10 @@ class Reaper:
         batch: int = DEFAULT_BATCH,
         min_age: int = DEFAULT_MIN_AGE,
         confirm_delay: float = 0.05,
+        events: Events | None = None,
     ):
         self.backend = backend
+        self.events = events if events is not None else Events(logger=logger)
         #: Every lock prefix whose locks a run reaps, in the order it reaps them.
         self.prefixes: tuple[str, ...] = (prefix,)
         self.logger = logger
@@ -238,6 +242,20 @@ class Reaper:
             report.released_dead_workers += 1
         else:
             report.released_missing_messages += 1
+        if self.events.wants(REAPED):
+            holder = record.holder
+            self.events.emit(
+                LockEvent(
+                    kind=REAPED,
+                    actor_name=str(holder.get("actor", "")),
+                    queue_name=str(holder.get("queue", "")),
+                    digest=digest_of(record.key) or "",
+                    message_id=holder.get("message_id"),
+                    lock=holder.get("lock"),
+                    lock_kind=record.kind,
+                    reason=reason,
+                )
+            )
         self.logger.warning(
             "The orphan reaper released lock %r of message %r of actor %r (%s): %s.",
             record.key,

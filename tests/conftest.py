@@ -88,6 +88,30 @@ def env(request):
     yield from built.run()
 
 
+@pytest.fixture(params=["stub", "redis"])
+def make_env(request):
+    """Builds an Env on StubBroker + StubBackend or RedisBroker + RedisBackend with the
+    middleware options a test needs."""
+    built = []
+
+    def make(**options) -> Env:
+        if request.param == "stub":
+            broker, backend = StubBroker(), StubBackend()
+        else:
+            client = request.getfixturevalue("redis_client")
+            broker, backend = RedisBroker(client=client), RedisBackend(client=client)
+        broker.emit_after("process_boot")
+        env = Env(request.param, broker, backend, UniqueJobs(backend=backend, **options))
+        runs = env.run()
+        next(runs)
+        built.append(runs)
+        return env
+
+    yield make
+    for runs in built:
+        next(runs, None)
+
+
 @pytest.fixture
 def rabbitmq_env(redis_client):
     """RabbitmqBroker with RedisBackend. Skips when RabbitMQ is unreachable, except in CI."""

@@ -15,6 +15,7 @@ from dramatiq.middleware import TimeLimit
 from dramatiq_unique import LockBackend, UniqueJobs
 from dramatiq_unique.backends import Holder
 from dramatiq_unique.keys import enqueue_key, run_key
+from dramatiq_unique.liveness import registry_key
 
 #: Retries that keep failing tests short.
 FAST_RETRIES = {"min_backoff": 10, "max_backoff": 40}
@@ -65,6 +66,9 @@ class Env:
         finally:
             for worker in self.workers:
                 worker.stop()
+            if self.middleware.activity is not None:
+                # No count of this test is flushed from a thread into a later test's Redis.
+                self.middleware.activity.close()
             queues = list(self.broker.get_declared_queues())
             self.broker.flush_all()
             if self.kind == "rabbitmq":
@@ -186,6 +190,14 @@ class Gate:
     def count(self, key: Any) -> int:
         with self._mutex:
             return self.runs.count(key)
+
+
+def plant_dead_workers_run_lock(backend, digest: str, *, actor: str = "sync") -> None:
+    """A run lock of a worker whose published time has run out."""
+    backend.heartbeat(registry_key("dramatiq-unique"), "dead-host:1:0", ttl=1)
+    time.sleep(0.01)
+    holder = Holder("gone", actor, "default", "while_executing", "running", worker_id="dead-host:1:0")
+    assert backend.acquire(f"dramatiq-unique:{{{digest}}}:run", "owner", limit=1, ttl=60_000, holder=holder).acquired
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> None:

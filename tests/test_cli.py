@@ -406,3 +406,24 @@ def test_the_cli_on_a_redis_cluster_sees_every_master(redis_cluster, cluster_cli
         "Freed 13 places in 12 locks of actor 'settle':"
     )
     assert json.loads(ok(cli("--url", url, "list", "--json"))) == []
+
+
+def test_stats_counts_the_lock_events_of_the_last_minutes(app, redis_url):
+    module, sent = app
+    module.build_report.send("2024-06-30")  # a third copy: lock_limit=2 holds two
+    module.unique.activity.flush()  # a worker's heartbeat thread does this once per interval
+    report = json.loads(ok(cli("--url", redis_url, "stats", "--minutes", "5", "--json")))
+    assert report["minutes"] == 5 and set(report) == {"now", "minutes", "rows", "totals"}
+    totals = report["totals"]
+    assert totals["build_report"] == {"acquired": 2, "conflict": 1}
+    assert totals["settle_payment"]["acquired"] == 1
+    assert all(set(row) == {"minute", "actor_name", "counts"} for row in report["rows"])
+
+    lines = ok(cli("--url", redis_url, "stats")).splitlines()
+    assert lines[0] == "Lock events of the last 60 minutes under prefix 'dramatiq-unique':"
+    header = lines[1].split()
+    assert header[:3] == ["ACTOR", "ACQUIRED", "CONFLICT"]  # kinds with events only
+    [build] = [line.split() for line in lines[2:] if line.startswith("build_report")]
+    assert build[header.index("CONFLICT")] == "1"
+
+    assert_error(cli("--url", redis_url, "stats", "--minutes", "999"), RET_USAGE)

@@ -3,6 +3,7 @@ real Workers: who runs, who is dropped, and when the lock is free again (SPEC L1
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -351,10 +352,11 @@ def test_a_copy_of_a_sent_message_is_a_new_message(env):
 
 
 @pytest.mark.parametrize("lock", ["while_executing", "until_and_while_executing"])
-def test_a_redelivery_of_a_running_message_waits_for_its_earlier_attempt(env, lock):
+def test_a_redelivery_of_a_running_message_waits_for_its_earlier_attempt(env, lock, caplog):
     # L7: run locks are not re-entrant by message_id (each processing attempt has its own owner),
     # so a redelivery never runs beside its earlier attempt; and being no duplicate, it is not
     # dropped (that attempt's worker may have died): it tries again once the lock is free.
+    caplog.set_level(logging.INFO)
     gate = Gate()
 
     @env.actor(lock=lock, reschedule_delay=50)
@@ -372,3 +374,6 @@ def test_a_redelivery_of_a_running_message_waits_for_its_earlier_attempt(env, lo
     env.join(job)
     assert gate.max_running["k"] == 1
     assert {m.message_id for m in env.seen.skipped} == {message.message_id}
+    # O4: the log line says what it waits for, not that it is held by a message of its own id.
+    waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"Message {message.message_id!r}")]
+    assert waits and all("is held by its own earlier attempt, until that attempt finishes" in w for w in waits)

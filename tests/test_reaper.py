@@ -11,6 +11,8 @@ import uuid
 
 import pytest
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.results import Results
+from dramatiq.results.backends import StubBackend as StubResultBackend
 
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome, reap_orphans
 from dramatiq_unique.backends import Holder
@@ -245,14 +247,15 @@ def test_workers_trigger_the_reaper_actor_once_per_interval(triggering_env):
     holder = Holder("lost", "settle", "default", "until_executed", "queued", redis_message_id="nowhere")
     client.hset(f"{PREFIX}:{{lost}}", mapping={"fence": 1, "lost": f"|1|{now - 60_000}|{holder.to_json()}"})
     runs = []
-    reaper = env.middleware.declare_reaper(env.broker)
-    original = reaper.fn
+    env.middleware.declare_reaper(env.broker)
+    reaper = env.middleware.reaper
+    original = reaper.run
 
-    def counted(*args, **kwargs):
-        runs.append(original(*args, **kwargs))
+    def counted(**kwargs):
+        runs.append(original(**kwargs))
         return runs[-1]
 
-    reaper.fn = counted
+    reaper.run = counted
     started = time.monotonic()
     env.worker(threads=2)
     env.worker(threads=2)  # two Workers in one process share one heartbeat thread
@@ -260,7 +263,29 @@ def test_workers_trigger_the_reaper_actor_once_per_interval(triggering_env):
     time.sleep(1.0)
     elapsed = time.monotonic() - started
     assert 1 <= len(runs) <= elapsed / 0.4 + 1
-    assert sum(run["released_missing_messages"] for run in runs) == 1
+    assert sum(run.released_missing_messages for run in runs) == 1
+
+
+@pytest.mark.parametrize("results", [False, True])
+def test_the_reaper_actor_logs_its_report_and_returns_it_only_where_results_are_kept(stub_env, caplog, results):
+    # O4: Dramatiq warns of every value an actor returns without the Results middleware: the
+    # reaper's report is in its own log line then; with Results, get_result() has it too.
+    env = stub_env
+    if results:
+        env.broker.add_middleware(Results(backend=StubResultBackend()))
+    reaper = env.middleware.declare_reaper(env.broker)
+    caplog.set_level(logging.INFO)
+    env.worker(threads=1)
+    message = reaper.send_with_options(args=(2,), store_results=results)
+    env.join(reaper)
+    assert not [r for r in caplog.records if "returned a value" in r.getMessage()]
+    reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("The orphan reaper inspected")]
+    assert reports == [
+        "The orphan reaper inspected 0 lock places in 1 passes and released 0: 0 of dead workers, "
+        "0 of messages that no longer exist."
+    ]
+    if results:
+        assert message.get_result(backend=env.broker.get_results_backend())["passes"] == 1
 
 
 def test_run_locks_of_an_unregistered_worker_are_left_to_their_lease(redis_client):

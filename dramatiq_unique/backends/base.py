@@ -299,3 +299,21 @@ class LockBackend(abc.ABC):
     @abc.abstractmethod
     def set_value(self, key: str, value: str, *, ttl: int) -> None:
         """Store a small value at ``key`` for ``ttl`` ms."""
+
+    # Counters (lock activity per minute) ------------------------------------
+
+    @abc.abstractmethod
+    def add_counts(self, counts: Mapping[str, Mapping[str, int]], *, ttl: int) -> None:
+        """Add to counters kept in hashes, in one round trip: for each key,
+        each field's count is added, and the key is kept ``ttl`` ms from now.
+        The keys share one hash tag.
+
+        Parameters:
+          counts(Mapping): key -> field -> how much to add.
+          ttl(int): Milliseconds each of these keys is kept.
+        """
+
+    @abc.abstractmethod
+    def read_counts(self, keys: Sequence[str]) -> list[dict[str, int]]:
+        """The counters kept at each of ``keys`` (field -> count; empty for a
+        key that does not exist), in one round trip. The keys share one hash tag."""

@@ -99,6 +99,7 @@ class RedisBackend(LockBackend):
         self._release_record = script("release_record")
         self._read = script("read")
         self._release_records = script("release_records")
+        self._add_counts = script("add_counts")
 
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
@@ -238,6 +239,24 @@ class RedisBackend(LockBackend):
             self.client.set(key, value, px=ttl)
         except redis.RedisError as e:
             raise _backend_error(e) from e
+
+    def add_counts(self, counts: Mapping[str, Mapping[str, int]], *, ttl: int) -> None:
+        args: list[Any] = [ttl]
+        for fields in counts.values():
+            args.append(len(fields))
+            for field, count in fields.items():
+                args += (field, count)
+        self._call(self._add_counts, list(counts), args)
+
+    def read_counts(self, keys: Sequence[str]) -> list[dict[str, int]]:
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            contents = pipe.execute()
+        except redis.RedisError as e:
+            raise _backend_error(e) from e
+        return [{_text(field): int(count) for field, count in fields.items()} for fields in contents]
 
     def _call(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         deadline = None

@@ -41,6 +41,8 @@ class StubBackend(LockBackend):
         self._replaced: dict[str, set[str]] = {}
         self._workers: dict[str, dict[str, int]] = {}
         self._values: dict[str, tuple[str, int]] = {}
+        #: Counters: key -> (field -> count, expires_at).
+        self._counts: dict[str, tuple[dict[str, int], int]] = {}
         #: The last token of each lock, kept after its last holder: tokens increase
         #: whatever this process's clock does.
         self._fences: dict[str, int] = {}
@@ -195,14 +197,35 @@ class StubBackend(LockBackend):
         with self._mutex:
             self._values[key] = (value, _now() + ttl)
 
+    def add_counts(self, counts: Mapping[str, Mapping[str, int]], *, ttl: int) -> None:
+        with self._mutex:
+            now = _now()
+            for key, fields in counts.items():
+                kept, expires_at = self._counts.get(key, ({}, 0))
+                if expires_at <= now:
+                    kept = {}
+                for name, count in fields.items():
+                    kept[name] = kept.get(name, 0) + count
+                self._counts[key] = (kept, now + ttl)
+
+    def read_counts(self, keys: Sequence[str]) -> list[dict[str, int]]:
+        with self._mutex:
+            now = _now()
+            answers = []
+            for key in keys:
+                kept, expires_at = self._counts.get(key, ({}, 0))
+                answers.append(dict(kept) if expires_at > now else {})
+            return answers
+
     def flush(self) -> None:
-        """Drop every lock, worker and value."""
+        """Drop every lock, worker, value and counter."""
         with self._mutex:
             self._locks.clear()
             self._replaced.clear()
             self._workers.clear()
             self._values.clear()
             self._fences.clear()
+            self._counts.clear()
 
     def _forget_replaced(self, replaced_key: str, owner: str) -> bool:
         replaced = self._replaced.get(replaced_key, set())

@@ -47,10 +47,26 @@ class Conflict:
 
     def log(self, level: int, outcome: str, strategy: str) -> None:
         """Log the one line that says what became of the duplicate, and why."""
+        message_id = self.message.message_id
+        if message_id in self.holders:
+            # A redelivery met the run lock of its own earlier attempt (L7): it waits for that attempt.
+            others = "".join(f" and by message {holder!r}" for holder in self.holders if holder != message_id)
+            self.logger.log(
+                level,
+                "Message %r of actor %r %s: lock %r is held by its own earlier attempt%s, "
+                "until that attempt finishes or its lease runs out (strategy %r).",
+                message_id,
+                self.message.actor_name,
+                outcome,
+                self.digest,
+                others,
+                strategy,
+            )
+            return
         self.logger.log(
             level,
             "Message %r of actor %r %s: lock %r is held by message %s (strategy %r).",
-            self.message.message_id,
+            message_id,
             self.message.actor_name,
             outcome,
             self.digest,

@@ -5,6 +5,7 @@ import logging
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import SkipMessage
 
+from ..events import REJECTED as REJECTED_EVENT
 from ..outcome import REJECTED, AnyMessage, EnqueueOutcome, enqueue_outcome, record_outcome
 from .base import Conflict, ConflictStrategy
 
@@ -37,6 +38,7 @@ class Reject(ConflictStrategy):
 
 
 def mark_rejected(message: AnyMessage, conflict: Conflict, reason: str) -> None:
+    conflict.lock.emit(REJECTED_EVENT, holders=conflict.holders, reason=reason)
     record_outcome(
         message,
         EnqueueOutcome(

@@ -7,6 +7,7 @@ from dramatiq.common import q_name
 from dramatiq.middleware import SkipMessage
 
 from ..errors import EnqueueCancelled
+from ..events import RESCHEDULED as RESCHEDULED_EVENT
 from ..outcome import RESCHEDULED, EnqueueOutcome, enqueue_outcome, record_outcome
 from .base import Conflict, ConflictStrategy
 from .reject import Reject
@@ -28,6 +29,7 @@ class Reschedule(ConflictStrategy):
             return Reject().on_client_conflict(conflict)
         delay = max(conflict.delay or 0, config.reschedule_delay)
         self._log(conflict, reschedules, delay)
+        conflict.lock.emit(RESCHEDULED_EVENT, holders=conflict.holders, delay=delay)
         record_outcome(
             message,
             EnqueueOutcome(
@@ -47,6 +49,7 @@ class Reschedule(ConflictStrategy):
         if self._exhausted(conflict, reschedules):
             return Reject().on_server_conflict(conflict)
         self._log(conflict, reschedules, config.reschedule_delay)
+        conflict.lock.emit(RESCHEDULED_EVENT, holders=conflict.holders, delay=config.reschedule_delay)
         # The copy keeps the message_id, so it keeps the enqueue lock the message holds.
         again = message.copy()
         record_outcome(again, dataclasses.replace(outcome, reschedules=reschedules))

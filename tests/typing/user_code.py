@@ -8,6 +8,7 @@ from typing import Any
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import TimeLimit
+from prometheus_client import CollectorRegistry
 
 from dramatiq_unique import (
     EnqueueOutcome,
@@ -21,11 +22,16 @@ from dramatiq_unique import (
     enqueue_outcome,
     require_current_lock,
 )
+from dramatiq_unique.activity import ActivityReport, read_activity
+from dramatiq_unique.events import LockEvent
 
+backend = StubBackend()
+unique = UniqueJobs(backend=backend, metrics=CollectorRegistry())
 broker = StubBroker()
-unique_jobs = UniqueJobs(backend=StubBackend())
-broker.add_middleware(unique_jobs, before=TimeLimit)
+broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
+conflicts: list[LockEvent] = []
+unique.subscribe("conflict", conflicts.append)
 
 settled: dict[str, int] = {}
 
@@ -55,8 +61,13 @@ def send_twice() -> tuple[bool, str]:
 
 
 def why_not_run() -> tuple[str, list[str]]:
-    locks = Locks.from_middleware(unique_jobs)
+    locks = Locks.from_middleware(unique)
     explanation: Explanation = locks.explain(settle_payment, "evt_123", {"amount": 100})
     held: list[LockInfo] = list(locks.list(actor="settle_payment", state="queued", limit=10))
     freed = locks.unlock(explanation.digest or "", message_id=None) + locks.unlock_all(actor="settle_payment")
     return explanation.on_send, [h.message_id for lock in held + list(freed) for h in lock.holders]
+
+
+def conflicts_per_actor() -> dict[str, int]:
+    report: ActivityReport = read_activity(backend, minutes=60)
+    return {actor: counts.get("conflict", 0) for actor, counts in report.totals().items()}

@@ -1,0 +1,246 @@
+"""Lock activity per minute, kept in the lock backend for some hours.
+
+Each process counts the lock events of its messages in memory, per minute,
+actor and kind of event; the heartbeat thread of a worker adds them to the
+backend once per heartbeat interval, in one round trip, and never on a
+message's path. A process without a worker (one that only sends) flushes
+from a thread of its own at the same interval, while it has counts.
+
+Each minute is one hash ``<prefix>:activity:{activity}:<minute>`` whose
+fields are ``<actor>|<event kind>``, kept for :data:`ACTIVITY_RETENTION`.
+Every such key shares one hash tag, so one call writes them all on Redis
+Cluster too. :func:`read_activity` reads them back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .backends import LockBackend
+from .errors import LockBackendError
+from .events import EVENT_KINDS, LockEvent
+from .options import DEFAULT_LOCK_PREFIX
+
+#: How long the counts of a minute are kept, in milliseconds: 6 hours.
+ACTIVITY_RETENTION = 6 * 60 * 60 * 1000
+#: A minute, in milliseconds.
+MINUTE = 60_000
+
+
+def activity_key(prefix: str, minute: int) -> str:
+    """The key of the counts of ``minute`` (minutes since the epoch)."""
+    return f"{prefix}:activity:{{activity}}:{minute}"
+
+
+class ActivityCounter:
+    """A subscriber to every lock event that counts them per minute and
+    actor in memory; :meth:`flush` adds the counts to the backend.
+
+    Parameters:
+      backend(LockBackend): Where the counts are kept.
+      prefix(str): The lock prefix of their keys.
+      clock(callable): Now, in ms of the backend's clock, as estimated by the
+        heartbeat thread; ``None`` until it knows, when this machine's clock is used.
+      flushed_elsewhere(callable): Whether a heartbeat thread flushes the
+        counts; until it does, this counter flushes them from a thread of its own.
+      interval(int): Milliseconds between two flushes of that thread.
+      logger(Logger): Where failed flushes are reported.
+      retention(int): Milliseconds the counts of a minute are kept.
+    """
+
+    def __init__(
+        self,
+        backend: LockBackend,
+        *,
+        prefix: str,
+        clock: Callable[[], int | None],
+        flushed_elsewhere: Callable[[], bool],
+        interval: int,
+        logger: logging.Logger,
+        retention: int = ACTIVITY_RETENTION,
+    ):
+        self.backend = backend
+        self.prefix = prefix
+        self.clock = clock
+        self.flushed_elsewhere = flushed_elsewhere
+        self.interval = interval
+        self.logger = logger
+        self.retention = retention
+        self._mutex = threading.Lock()
+        #: (minute, actor, kind) -> count, not flushed yet.
+        self._counts: dict[tuple[int, str, str], int] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
+        self._failing = False
+        # A forked child starts afresh: the parent flushes what it counted, and
+        # the parent's mutex may have been held by one of its threads at the fork.
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _reset_after_fork(ref))
+
+    def __call__(self, event: LockEvent) -> None:
+        key = (self._now() // MINUTE, event.actor_name, event.kind)
+        with self._mutex:
+            self._counts[key] = self._counts.get(key, 0) + 1
+            if self._thread is None and not self._closed.is_set() and not self.flushed_elsewhere():
+                self._thread = threading.Thread(target=self._run, name="dramatiq-unique-activity", daemon=True)
+                self._thread.start()
+
+    def flush(self) -> None:
+        """Add the counts so far to the backend in one round trip; if the
+        backend fails, they are kept for the next flush (for as long as
+        they would be kept in the backend)."""
+        with self._mutex:
+            counts, self._counts = self._counts, {}
+        if not counts:
+            return
+        by_key: dict[str, dict[str, int]] = {}
+        for (minute, actor, kind), count in counts.items():
+            by_key.setdefault(activity_key(self.prefix, minute), {})[f"{actor}|{kind}"] = count
+        try:
+            self.backend.add_counts(by_key, ttl=self.retention)
+        except LockBackendError as e:
+            oldest = (self._now() - self.retention) // MINUTE
+            with self._mutex:
+                for key, count in counts.items():
+                    if key[0] >= oldest:
+                        self._counts[key] = self._counts.get(key, 0) + count
+            # The outage itself is reported where locks meet it; these counts only wait.
+            if not self._failing:
+                self.logger.info("The lock activity counts could not be saved; they are tried again later: %s", e)
+            self._failing = True
+            return
+        self._failing = False
+
+    def close(self) -> None:
+        """Flush what is left, and stop the thread of its own: later events are
+        only flushed by a heartbeat thread."""
+        self._closed.set()
+        with self._mutex:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        self.flush()
+
+    def _now(self) -> int:
+        now = self.clock()
+        return time.time_ns() // 1_000_000 if now is None else now
+
+    def _run(self) -> None:
+        # Stops once a heartbeat thread flushes, or nothing is left to flush;
+        # the next event starts it again if need be.
+        while not self._closed.wait(self.interval / 1000):
+            self.flush()
+            with self._mutex:
+                if not self._counts or self.flushed_elsewhere():
+                    break
+        with self._mutex:
+            self._thread = None
+
+    def _after_fork(self) -> None:
+        self._mutex = threading.Lock()
+        self._counts = {}
+        self._thread = None
+
+
+def _reset_after_fork(ref: weakref.ref[ActivityCounter]) -> None:
+    counter = ref()
+    if counter is not None:
+        counter._after_fork()
+
+
+@dataclass(frozen=True)
+class MinuteActivity:
+    """The lock events of one actor in one minute.
+
+    Parameters:
+      minute(int): The start of the minute, in ms since the epoch (the backend's clock).
+      actor_name(str): The actor; ``""`` for events outside any message (a failed heartbeat).
+      counts(Mapping[str, int]): How many events of each kind (see
+        :data:`~dramatiq_unique.events.EVENT_KINDS`); kinds without events are left out.
+    """
+
+    minute: int
+    actor_name: str
+    counts: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class ActivityReport:
+    """The lock activity of the last minutes, as :func:`read_activity` found it.
+
+    Parameters:
+      now(int): When it was read, in ms of the backend's clock.
+      minutes(int): How many minutes it covers, the current one included.
+      rows(tuple[MinuteActivity]): One per minute and actor with events,
+        oldest minute first, then by actor.
+    """
+
+    now: int
+    minutes: int
+    rows: tuple[MinuteActivity, ...]
+
+    def __iter__(self) -> Iterator[MinuteActivity]:
+        return iter(self.rows)
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        """Per actor, the number of events of each kind over all the minutes."""
+        totals: dict[str, dict[str, int]] = {}
+        for row in self.rows:
+            actor = totals.setdefault(row.actor_name, {})
+            for kind, count in row.counts.items():
+                actor[kind] = actor.get(kind, 0) + count
+        return totals
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON values: times in ms since the epoch."""
+        return {
+            "now": self.now,
+            "minutes": self.minutes,
+            "rows": [{"minute": r.minute, "actor_name": r.actor_name, "counts": dict(r.counts)} for r in self.rows],
+            "totals": self.totals(),
+        }
+
+
+def read_activity(backend: LockBackend, *, prefix: str = DEFAULT_LOCK_PREFIX, minutes: int = 60) -> ActivityReport:
+    """The lock events counted by every process using ``backend`` under the
+    middleware's lock ``prefix`` in the last ``minutes`` minutes, the current
+    one included, per minute and actor. In two round trips.
+
+    Counts reach the backend once per heartbeat interval, so the latest
+    seconds may be missing.
+
+    Parameters:
+      backend(LockBackend): Where the counts are kept.
+      prefix(str): The middleware's ``lock_prefix``.
+      minutes(int): How many minutes, at most as many as are kept (360).
+
+    Raises:
+      ValueError: If ``minutes`` is not an integer in that range.
+      LockBackendError: If the backend cannot be reached.
+    """
+    kept = ACTIVITY_RETENTION // MINUTE
+    if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= kept:
+        raise ValueError(
+            f"read_activity() has an invalid minutes={minutes!r}: it must be an integer from 1 to {kept}, "
+            "as the counts of each minute are kept for 6 hours."
+        )
+    now = backend.time()
+    last = now // MINUTE
+    covered = list(range(last - minutes + 1, last + 1))
+    contents = backend.read_counts([activity_key(prefix, minute) for minute in covered])
+    rows: list[MinuteActivity] = []
+    for minute, fields in zip(covered, contents, strict=True):
+        by_actor: dict[str, dict[str, int]] = {}
+        for name, count in fields.items():
+            actor, _, kind = name.rpartition("|")
+            if kind in EVENT_KINDS and count:
+                by_actor.setdefault(actor, {})[kind] = count
+        rows.extend(MinuteActivity(minute * MINUTE, actor, counts) for actor, counts in sorted(by_actor.items()))
+    return ActivityReport(now=now, minutes=minutes, rows=tuple(rows))

@@ -1,0 +1,172 @@
+"""Lock events: what happened to locks, for callbacks a user subscribes.
+
+The middleware owns one :class:`Events` hub and hands it to the parts that
+see each event: the message's locks, the conflict strategies, the heartbeat
+thread and the orphan reaper. An event object is only built when somebody
+subscribed to its kind, so a process without subscribers pays one dict
+lookup per event.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+#: A message took a place in a lock.
+ACQUIRED = "acquired"
+#: A message met a lock held by others; its conflict strategy decides what becomes of it.
+CONFLICT = "conflict"
+#: A message gave its place in a lock up.
+RELEASED = "released"
+#: A message's place ran out (``lock_ttl``, or a lease) before it gave it up.
+LAPSED = "lapsed"
+#: A running message's run lock lapsed because the heartbeat thread could not renew it in time.
+LEASE_LOST = "lease_lost"
+#: The orphan reaper released a place whose message or worker is gone.
+REAPED = "reaped"
+#: The lock backend failed to answer.
+BACKEND_ERROR = "backend_error"
+#: A duplicate was enqueued again, to try the lock later.
+RESCHEDULED = "rescheduled"
+#: A duplicate goes to its dead-letter queue.
+REJECTED = "rejected"
+#: A new message took the place of a queued holder, which will be skipped (``replace``).
+REPLACED = "replaced"
+
+#: Every kind of event, as passed to :meth:`Events.subscribe`.
+EVENT_KINDS = frozenset(
+    {ACQUIRED, CONFLICT, RELEASED, LAPSED, LEASE_LOST, REAPED, BACKEND_ERROR, RESCHEDULED, REJECTED, REPLACED}
+)
+
+#: A subscriber: called with each event of the kinds it subscribed to; what it returns is ignored.
+Subscriber = Callable[["LockEvent"], object]
+
+
+@dataclass(slots=True)
+class LockEvent:
+    """Something that happened to a lock.
+
+    The first fields are set for every kind (``digest`` and ``message_id``
+    are ``None`` for a backend error outside any message); the others only
+    for the kinds named. Every subscriber of the kind gets the same object:
+    read it, do not change it. (It is not frozen, as building a frozen
+    dataclass costs several times more, and events are built in Dramatiq's hooks.)
+
+    Parameters:
+      kind(str): One of :data:`EVENT_KINDS`.
+      actor_name(str): The actor of the message; ``""`` when there is none.
+      queue_name(str): The message's canonical queue (never a delay queue); ``""`` when there is none.
+      digest(str): The lock's digest.
+      message_id(str): The message.
+      lock(str): The lock type, e.g. ``"until_executed"``.
+      lock_kind(str): ``"enqueue"`` or ``"run"``: which of the digest's two
+        locks (acquired, released, lapsed, lease_lost, reaped, replaced).
+      token(int): The fencing token of the place taken (acquired).
+      side(str): ``"client"`` (at enqueue) or ``"server"`` (at start) (conflict).
+      strategy(str): The conflict strategy that deals with the duplicate (conflict).
+      holders(tuple[str]): The message_ids holding the lock (conflict, and
+        lapsed when another message holds it now).
+      delay(int): Milliseconds until the duplicate tries again (rescheduled).
+      replaced(str): The message_id of the queued message whose place was taken (replaced).
+      reason(str): Why (reaped, rejected), or what failed (backend_error).
+      error(Exception): The error the backend raised (backend_error).
+    """
+
+    kind: str
+    actor_name: str
+    queue_name: str
+    digest: str | None = None
+    message_id: str | None = None
+    lock: str | None = None
+    lock_kind: str | None = None
+    token: int | None = None
+    side: str | None = None
+    strategy: str | None = None
+    holders: tuple[str, ...] = ()
+    delay: int | None = None
+    replaced: str | None = None
+    reason: str | None = None
+    error: Exception | None = None
+
+
+class Events:
+    """Subscribers, by event kind, and the delivery of events to them.
+
+    Subscribers are called in the thread where the event happens, in the
+    order they subscribed, inside Dramatiq's hooks: they should be quick. One
+    that raises is logged and the lock operation goes on as if it had not
+    been called.
+
+    Parameters:
+      logger(Logger): Where failing subscribers are reported.
+    """
+
+    def __init__(self, *, logger: logging.Logger):
+        self.logger = logger
+        self._mutex = threading.Lock()
+        # Replaced whole on every change, so that emit() reads it without the mutex.
+        self._subscribers: dict[str, tuple[Subscriber, ...]] = {}
+        #: Subscribers that failed before: later failures are logged without a traceback.
+        self._failed: set[int] = set()
+
+    def subscribe(self, kind: str | Iterable[str], callback: Subscriber) -> None:
+        """Call ``callback`` with every event of ``kind`` (a kind, or several).
+
+        Raises:
+          ValueError: If a kind is not one of :data:`EVENT_KINDS`.
+        """
+        kinds = self._kinds(kind)
+        with self._mutex:
+            subscribers = dict(self._subscribers)
+            for k in kinds:
+                subscribers[k] = (*subscribers.get(k, ()), callback)
+            self._subscribers = subscribers
+
+    def unsubscribe(self, kind: str | Iterable[str], callback: Subscriber) -> None:
+        """Stop calling ``callback`` for ``kind``; a callback that was not subscribed is ignored."""
+        kinds = self._kinds(kind)
+        with self._mutex:
+            subscribers = dict(self._subscribers)
+            for k in kinds:
+                remaining = tuple(s for s in subscribers.get(k, ()) if s != callback)
+                if remaining:
+                    subscribers[k] = remaining
+                else:
+                    subscribers.pop(k, None)
+            self._subscribers = subscribers
+
+    def wants(self, kind: str) -> bool:
+        """Whether anybody subscribed to ``kind``: build the event only then."""
+        return kind in self._subscribers
+
+    def emit(self, event: LockEvent) -> None:
+        """Call the subscribers of the event's kind; none of them can make this raise."""
+        for callback in self._subscribers.get(event.kind, ()):
+            try:
+                callback(event)
+            except Exception as e:
+                first = id(callback) not in self._failed
+                self._failed.add(id(callback))
+                self.logger.error(
+                    "The subscriber %r of %r events failed on the event of message %r of actor %r: %r. "
+                    "Locking went on as if it had not been called.",
+                    callback,
+                    event.kind,
+                    event.message_id,
+                    event.actor_name,
+                    e,
+                    exc_info=first or self.logger.isEnabledFor(logging.DEBUG),
+                )
+
+    @staticmethod
+    def _kinds(kind: str | Iterable[str]) -> tuple[str, ...]:
+        kinds = (kind,) if isinstance(kind, str) else tuple(kind)
+        unknown = sorted(set(kinds) - EVENT_KINDS)
+        if unknown or not kinds:
+            raise ValueError(
+                f"Cannot subscribe to events of kind {', '.join(map(repr, unknown)) or 'none'}: "
+                f"valid kinds are {', '.join(map(repr, sorted(EVENT_KINDS)))}."
+            )
+        return kinds

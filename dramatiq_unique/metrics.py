@@ -1,0 +1,136 @@
+"""Prometheus counters of lock events, for ``UniqueJobs(..., metrics=True)``.
+
+They are built as one subscriber of the lock events, with the labels
+``queue_name`` and ``actor_name`` of Dramatiq's own metrics (never a digest:
+one series per lock would grow without bound).
+
+``prometheus_client`` decides when it is first imported whether values go to
+the files of its multiprocess mode, which Dramatiq's ``Prometheus``
+middleware switches on in each worker process after it boots. So with the
+default registry, the counters are built, and ``prometheus_client``
+imported, only once the worker boots, or at the first event: then they land
+in the files that middleware's endpoint reads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import threading
+import weakref
+from typing import Any
+
+from dramatiq import Broker, Middleware
+
+from .errors import InvalidLockOptions
+from .events import ACQUIRED, BACKEND_ERROR, CONFLICT, LEASE_LOST, REAPED, RELEASED, LockEvent
+
+#: Each counter: the event kind it counts, its name, its help and its labels beyond queue and actor.
+COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    ACQUIRED: ("dramatiq_unique_acquisitions", "The number of places taken in locks.", ()),
+    CONFLICT: (
+        "dramatiq_unique_conflicts",
+        "The number of messages that met a lock held by others, by side and conflict strategy.",
+        ("side", "strategy"),
+    ),
+    RELEASED: ("dramatiq_unique_releases", "The number of places given up in locks.", ()),
+    REAPED: ("dramatiq_unique_reaped", "The number of orphaned lock places released by the orphan reaper.", ()),
+    BACKEND_ERROR: ("dramatiq_unique_backend_errors", "The number of failed calls to the lock backend.", ()),
+    LEASE_LOST: (
+        "dramatiq_unique_leases_lost",
+        "The number of run locks that lapsed while their message was running.",
+        (),
+    ),
+}
+
+#: The counters built in each registry: a registry refuses a second counter of a name.
+_BUILT: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_BUILT_MUTEX = threading.Lock()
+
+
+def check_metrics_option(metrics: Any) -> None:
+    """Validate ``UniqueJobs(metrics=...)``.
+
+    Raises:
+      InvalidLockOptions: If it is neither a bool nor a registry, or
+        prometheus_client is not installed.
+    """
+    if metrics is False:
+        return
+    if metrics is not True and not callable(getattr(metrics, "register", None)):
+        raise InvalidLockOptions(
+            f"UniqueJobs has an invalid metrics={metrics!r}: valid choices are True (prometheus_client's "
+            "default registry), False, or a prometheus_client CollectorRegistry."
+        )
+    # Looked up, not imported: importing it now would decide its multiprocess mode too early.
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise InvalidLockOptions(
+            "UniqueJobs has metrics=True, but prometheus_client is not installed: "
+            "install it with pip install 'dramatiq-unique[prometheus]', or leave metrics out."
+        )
+
+
+class PrometheusMetrics:
+    """The subscriber that counts lock events in Prometheus counters.
+
+    Parameters:
+      registry(CollectorRegistry): Where the counters are registered; ``None``
+        for prometheus_client's default registry, built on first use.
+    """
+
+    #: The event kinds it counts.
+    kinds = frozenset(COUNTERS)
+
+    def __init__(self, registry: Any = None):
+        self._registry = registry
+        self._counters: dict[str, Any] | None = None
+        self._mutex = threading.Lock()
+        if registry is not None:
+            self.setup()
+
+    def setup(self) -> dict[str, Any]:
+        """Build the counters (once) and return them by event kind."""
+        with self._mutex:
+            if self._counters is None:
+                import prometheus_client
+
+                registry = self._registry if self._registry is not None else prometheus_client.REGISTRY
+                with _BUILT_MUTEX:
+                    counters = _BUILT.get(registry)
+                    if counters is None:
+                        counters = _BUILT[registry] = {
+                            kind: prometheus_client.Counter(
+                                name, documentation, ["queue_name", "actor_name", *labels], registry=registry
+                            )
+                            for kind, (name, documentation, labels) in COUNTERS.items()
+                        }
+                self._counters = counters
+            return self._counters
+
+    def __call__(self, event: LockEvent) -> None:
+        counters = self._counters or self.setup()
+        counter = counters[event.kind]
+        if event.kind == CONFLICT:
+            counter.labels(event.queue_name, event.actor_name, event.side or "", event.strategy or "").inc()
+        else:
+            counter.labels(event.queue_name, event.actor_name).inc()
+
+
+def warn_if_prometheus_follows(broker: Broker, unique: Middleware, logger: logging.Logger) -> None:
+    """Warn when Dramatiq's ``Prometheus`` middleware comes after ``unique``
+    on ``broker``: its in-progress gauge then goes negative, as every message
+    that ``unique`` skips or reschedules before it starts is counted as
+    finished without having been counted as started."""
+    module = sys.modules.get("dramatiq.middleware.prometheus")
+    if module is None:  # never imported, so not on any broker
+        return
+    middleware = broker.middleware
+    following = [m for m in middleware[middleware.index(unique) + 1 :] if isinstance(m, module.Prometheus)]
+    if following:
+        logger.warning(
+            "Dramatiq's Prometheus middleware comes after UniqueJobs on this broker, so its gauge "
+            "dramatiq_messages_inprogress goes below zero for every message UniqueJobs skips or reschedules "
+            "before it starts. Add Prometheus before UniqueJobs: "
+            "broker.add_middleware(Prometheus(), before=UniqueJobs)."
+        )
