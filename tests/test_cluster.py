@@ -14,13 +14,17 @@ import time
 import uuid
 from collections import Counter
 
+import dramatiq
 import pytest
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import TimeLimit
 from redis.crc import key_slot
 
-from dramatiq_unique import LockBackendError, RedisBackend, enqueue_outcome
+from dramatiq_unique import LockBackendError, RedisBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.backends import Holder
 from dramatiq_unique.keys import enqueue_key, run_key
 
+from .cluster import Cluster, _executables
 from .support import unique_warnings
 from .test_backends import SCRIPT_COMMANDS
 
@@ -441,3 +445,29 @@ def test_the_reaper_walks_every_master_of_a_cluster(cluster_client, redis_cluste
     assert report.complete and report.passes >= 3
     assert report.released == len(dead_run_locks) == 30
     assert scan_all(backend) == (planted - dead_run_locks) | live  # no broker given: enqueue locks stay
+
+
+def test_a_cluster_that_no_node_answers_is_a_backend_error_and_send_fails_closed(tmp_path):
+    # S6: with every node down, redis-py's RedisCluster raises RedisClusterException, which is no
+    # RedisError: it escaped the backend, Dramatiq's before_enqueue logged it and enqueued the
+    # message without its lock under on_backend_error="raise".
+    cluster = Cluster(_executables()[0], tmp_path)
+    cluster.start()
+    try:
+        backend = RedisBackend(client=cluster.client())
+        broker = StubBroker()
+        broker.emit_after("process_boot")
+        broker.add_middleware(UniqueJobs(backend=backend), before=TimeLimit)
+
+        @dramatiq.actor(broker=broker, lock="until_executed")
+        def settle(event_id):
+            pass
+
+        assert enqueue_outcome(settle.send("evt_1")).enqueued
+    finally:
+        cluster.stop()
+    with pytest.raises(LockBackendError, match="cannot be connected"):
+        backend.scan("dramatiq-unique", "0", 10)
+    with pytest.raises(LockBackendError):
+        settle.send("evt_2")
+    assert broker.queues["default"].qsize() == 1  # only evt_1

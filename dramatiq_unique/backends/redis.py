@@ -15,6 +15,10 @@ from ..errors import InvalidBackendOptions, LockBackendError
 from ..keys import lock_kind
 from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord
 
+#: What redis-py raises when Redis cannot be reached or fails. RedisClusterException is
+#: no RedisError: a RedisCluster client raises it when no node of the cluster answers.
+_REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
+
 #: The Lua functions every script starts with.
 _LIBRARY = "holders"
 
@@ -160,7 +164,7 @@ class RedisBackend(LockBackend):
             if worker_id is not None:
                 return int(self.client.zrem(key, worker_id))
             return int(self.client.zremrangebyscore(key, "-inf", f"({before}"))
-        except redis.RedisError as e:
+        except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
 
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
@@ -179,7 +183,7 @@ class RedisBackend(LockBackend):
             for key in keys:
                 pipe.hgetall(key)
             contents = pipe.execute()
-        except redis.RedisError as e:
+        except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
         records = []
         for key, fields in zip(keys, contents, strict=True):
@@ -210,7 +214,7 @@ class RedisBackend(LockBackend):
     def time(self) -> int:
         try:
             seconds, micros = self.client.time()
-        except redis.RedisError as e:
+        except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
         return int(seconds) * 1000 + int(micros) // 1000
 
@@ -230,14 +234,14 @@ class RedisBackend(LockBackend):
     def get_value(self, key: str) -> str | None:
         try:
             value = self.client.get(key)
-        except redis.RedisError as e:
+        except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
         return None if value is None else _text(value)
 
     def set_value(self, key: str, value: str, *, ttl: int) -> None:
         try:
             self.client.set(key, value, px=ttl)
-        except redis.RedisError as e:
+        except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
 
     def add_counts(self, counts: Mapping[str, Mapping[str, int]], *, ttl: int) -> None:
@@ -254,7 +258,7 @@ class RedisBackend(LockBackend):
             for key in keys:
                 pipe.hgetall(key)
             contents = pipe.execute()
-        except redis.RedisError as e:
+        except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
         return [{_text(field): int(count) for field, count in fields.items()} for fields in contents]
 
@@ -269,7 +273,7 @@ class RedisBackend(LockBackend):
                 if time.monotonic() >= deadline:
                     raise _backend_error(e) from e
                 time.sleep(0.05)
-            except redis.RedisError as e:
+            except _REDIS_ERRORS as e:
                 raise _backend_error(e) from e
 
 
@@ -304,7 +308,7 @@ def _url_error(problem: str) -> str:
     )
 
 
-def _backend_error(e: redis.RedisError) -> LockBackendError:
+def _backend_error(e: Exception) -> LockBackendError:
     # The error names host and port at most, never credentials (SPEC S7).
     return LockBackendError(f"The Redis lock backend failed: {type(e).__name__}: {e}")
 
