@@ -60,7 +60,7 @@ def measure(url: str, locks: int = LOCKS) -> Figures:
             )
             key = enqueue_key("dramatiq-unique", digest)
             # The backend's own acquire script, pipelined: 100,000 round trips would take minutes.
-            backend._acquire(keys=[key], args=[message_id, 1, 0, 0, holder.to_json()], client=pipe)
+            backend._acquire(keys=[key], args=[message_id, 1, 0, 0, holder.encode(message_id)], client=pipe)
             keys.append(key)
             owners[key] = message_id
         pipe.execute()

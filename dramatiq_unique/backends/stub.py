@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..keys import lock_kind
-from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord
+from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord, format_record
 
 
 @dataclass
@@ -17,10 +17,11 @@ class _Place:
     acquired_at: int
     expires_at: int | None
 
-    def record(self) -> str:
+    def record(self, owner: str) -> str:
         # The format RedisBackend stores, so release_record compares the same thing.
-        expiry = "" if self.expires_at is None else str(self.expires_at)
-        return f"{expiry}|{self.token}|{self.acquired_at}|{self.holder.to_json()}"
+        return format_record(
+            expires_at=self.expires_at, token=self.token, acquired_at=self.acquired_at, holder=self.holder.encode(owner)
+        )
 
 
 @dataclass
@@ -149,7 +150,7 @@ class StubBackend(LockBackend):
             after = "" if cursor == "0" else cursor[2:]
             keys = sorted(k for k in self._locks if k.startswith(prefix + ":{") and lock_kind(k) and k > after)[:count]
             records = [
-                LockRecord.parse(key, owner, place.record())
+                LockRecord.parse(key, owner, place.record(owner))
                 for key in keys
                 for owner, place in self._live(key, now).places.items()
             ]
@@ -159,7 +160,7 @@ class StubBackend(LockBackend):
         with self._mutex:
             lock = self._live(key, _now())
             place = lock.places.get(owner)
-            if place is None or place.record() != record:
+            if place is None or place.record(owner) != record:
                 return False
             return self._release(key, owner)
 
