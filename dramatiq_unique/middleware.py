@@ -262,7 +262,12 @@ class UniqueJobs(CrashSafety, Middleware):
         internal = self._is_internal_enqueue(broker, message)
         try:
             lock = MessageLock.for_message(
-                backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
+                backend=self.backend,
+                config=config,
+                message=message,
+                logger=self.logger,
+                liveness=self.liveness,
+                outcome=outcome,
             )
         except LockArgumentsError as e:
             if not internal:
@@ -425,9 +430,15 @@ class UniqueJobs(CrashSafety, Middleware):
         config = self._config_for(message)
         if config is None:
             return
-        dead_letter_if_rejected(message, self.logger)
+        outcome = enqueue_outcome(message)
+        dead_letter_if_rejected(message, self.logger, outcome)
         lock = MessageLock.for_message(
-            backend=self.backend, config=config, message=message, logger=self.logger, liveness=self.liveness
+            backend=self.backend,
+            config=config,
+            message=message,
+            logger=self.logger,
+            liveness=self.liveness,
+            outcome=outcome,
         )
         self._local.processing = lock
         try:
