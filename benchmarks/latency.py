@@ -148,7 +148,7 @@ def main() -> None:
     print(f"One caller, {ROUNDS} rounds of {BLOCK} calls each:")
     print(f"  trivial EVALSHA round trip: {us(figures.trivial) * 1e6:.0f} us")
     print(
-        f"  P6 acquire + release / two trivial EVALSHA: {us(figures.p6):.2f} "
+        f"  acquire + release / two trivial EVALSHA: {us(figures.p6):.2f} "
         f"({min(figures.p6):.2f}-{max(figures.p6):.2f}; target <= 1.15), "
         f"redis-py Lock: {us(figures.redis_py):.2f}"
     )

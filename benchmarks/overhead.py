@@ -223,14 +223,14 @@ def main() -> None:
         print(f"One RedisBroker worker kept busy (queue_prefetch {PREFETCH}), no-op messages, {ROUNDS} rounds:")
         for p3 in measure_p3(url, other_url):
             print(
-                f"  P3 {p3.threads:>2} threads: until_executed / no middleware {spread(p3.same_redis)} with locks on "
+                f"  {p3.threads:>2} threads: until_executed / no middleware {spread(p3.same_redis)} with locks on "
                 f"the broker's Redis, {spread(p3.other_redis)} on another; "
                 f"no middleware {statistics.median(p3.plain):.0f} messages/s"
             )
         p2 = measure_p2(url)
         us = "{:.0f} us"
         print(
-            f"  P2 8 threads: while_executing {spread([c * 1e6 for c in p2.lock_cost], us)} per message over no "
+            f"  8 threads: while_executing {spread([c * 1e6 for c in p2.lock_cost], us)} per message over no "
             f"middleware, ConcurrentRateLimiter mutex {spread([c * 1e6 for c in p2.mutex_cost], us)}: "
             f"ratio {spread(p2.ratios, '{:.2f}')} (target <= 0.50)"
         )

@@ -58,28 +58,28 @@ def main() -> None:
     pct, ratio = "{:.0%}", "{:.2f}"
     rows = [
         (
-            "P3: RedisBroker worker kept busy (queue_prefetch 512, 8 threads), no-op messages, until_executed on "
-            "every one ÷ the same worker without the middleware",
+            "Throughput: a RedisBroker worker kept busy (queue_prefetch 512, 8 threads), no-op messages, "
+            "until_executed on every one ÷ the same worker without the middleware",
             median_range(eight.same_redis, pct),
             "≥ 80 %",
         ),
         (
-            "P2: while_executing extra time per message ÷ a ConcurrentRateLimiter(limit=1) mutex's, keyed per "
+            "while_executing's extra time per message ÷ a ConcurrentRateLimiter(limit=1) mutex's, keyed per "
             "resource, busy worker (8 threads)",
             median_range(p2.ratios, ratio),
             "≤ 0.5",
         ),
         (
-            "P4: Redis memory per held until_executed lock (MEMORY USAGE, 100,000 locks)",
+            "Redis memory per held until_executed lock (MEMORY USAGE, 100,000 locks)",
             f"{p4.usage:.0f} B, hash encoded as `{p4.encoding}`",
             "≤ 200 B",
         ),
         (
-            "P6: backend acquire+release ÷ two trivial EVALSHA round trips",
+            "Backend acquire + release ÷ two trivial EVALSHA round trips",
             f"{median_range(p6.p6, ratio)} (redis-py Lock {statistics.median(p6.redis_py):.2f})",
             "≤ 1.15",
         ),
-        ("extra cost of send() with a lock ÷ one trivial EVALSHA round trip", median_range(p6.send, ratio), "≤ 1.3"),
+        ("Extra cost of send() with a lock ÷ one trivial EVALSHA round trip", median_range(p6.send, ratio), "≤ 1.3"),
     ]
     print()
     print("| | measured: median (lowest–highest) | target |")
@@ -87,7 +87,7 @@ def main() -> None:
     for row in rows:
         print("| " + " | ".join(row) + " |")
     print()
-    print("P3 by worker threads, until_executed ÷ no middleware (no middleware's rate):")
+    print("Throughput by worker threads, until_executed ÷ no middleware (no middleware's rate):")
     for f in p3:
         print(
             f"  {f.threads:>2} threads: locks on the broker's Redis {median_range(f.same_redis, pct)}, "
@@ -95,18 +95,18 @@ def main() -> None:
         )
     us = "{:.0f} µs"
     print(
-        "P2 extra time per message over no middleware: while_executing "
+        "Extra time per message over no middleware (8 threads): while_executing "
         f"{median_range([c * 1e6 for c in p2.lock_cost], us)}, "
         f"mutex {median_range([c * 1e6 for c in p2.mutex_cost], us)}"
     )
     print(
-        f"P6 and send(): trivial EVALSHA {statistics.median(p6.trivial) * 1e6:.0f} µs, acquire+release "
+        f"Latency: trivial EVALSHA {statistics.median(p6.trivial) * 1e6:.0f} µs, acquire+release "
         f"{statistics.median(p6.acquire_release) * 1e6:.0f} µs, send() {statistics.median(p6.send_plain) * 1e6:.0f} µs "
         f"without the middleware and {statistics.median(p6.send_locked) * 1e6:.0f} µs with an until_executed lock"
     )
-    print(f"P4: one held lock {p4.record}; a released lock's fence {p4.fence:.0f} B (`{p4.fence_encoding}`)")
+    print(f"Memory: one held lock {p4.record}; a released lock's fence {p4.fence:.0f} B (`{p4.fence_encoding}`)")
     print(
-        "P1 round trips per message (lock_ttl=None / 60 s): "
+        "Round trips per message (lock_ttl=None / 60 s): "
         + ", ".join(f"{lock} {a:.0f}/{b:.0f}".replace("nan/", "-/") for lock, (a, b) in p1.items())
     )
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
