@@ -1,10 +1,10 @@
-# Two commands on a fresh machine: `make demo` and `make test`.
+# Two commands on a fresh machine: `make demo` and `make test` (and `make bench`).
 # Each builds its own virtual environment from pyproject.toml.
 
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test lint clean
+.PHONY: demo test bench lint clean
 
 demo: $(VENV)/.demo
 	$(VENV)/bin/python examples/demo.py
@@ -14,6 +14,10 @@ test: $(VENV)/.test
 	$(VENV)/bin/mypy --strict -p dramatiq_unique
 	$(VENV)/bin/mypy --strict tests/typing/user_code.py
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# Every figure of docs/performance.md from one run, with the machine it ran on (a few minutes).
+bench: $(VENV)/.test
+	$(VENV)/bin/python benchmarks/report.py
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .

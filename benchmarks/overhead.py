@@ -1,16 +1,29 @@
-"""Worker throughput with and without locks (SPEC P2, P3), printed as ratios from one run.
+"""A busy worker's throughput with and without locks (SPEC P2, P3), from interleaved runs.
 
-P3: a RedisBroker worker processing no-op messages, with until_executed on every message,
-    against the same worker without the middleware.
-P2: the per-message overhead of while_executing against wrapping the actor body in
-    Dramatiq's own ConcurrentRateLimiter(limit=1) mutex, both over a run without any lock.
-Run: python benchmarks/overhead.py  (uses REDIS_URL, else a bundled server)
+Each run fills a RedisBroker queue with no-op messages first, then starts one worker
+(queue_prefetch 512) and times the steady state only: the rate between two counts of
+processed messages, well after start-up and well before the queue runs dry. The compared
+variants run in turn (A B C A B C ...) and each figure is the median over the rounds of the
+ratio within a round, so that the noise of a shared machine cancels out as far as it can.
+
+P3: until_executed on every message, against the same worker without the middleware, with
+    1, 8 and 16 worker threads, locks on the broker's Redis and on another server.
+P2: the extra time per message of while_executing, against Dramatiq's own
+    ConcurrentRateLimiter(limit=1) used as a mutex, both keyed per resource: the messages
+    are about 1,000 accounts, so each key is used again and again, as a per-account mutex is.
+Run: python benchmarks/overhead.py  (uses REDIS_URL and LOCKS_REDIS_URL, else starts servers)
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import statistics
+import threading
 import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
 
 import dramatiq
 import redis
@@ -22,61 +35,204 @@ from dramatiq.rate_limits.backends import RedisBackend as RateLimitBackend
 from dramatiq_unique import RedisBackend, UniqueJobs
 
 try:
-    from ._server import redis_url
+    from ._server import redis_urls
 except ImportError:
-    from _server import redis_url
+    from _server import redis_urls
 
-MESSAGES = 3000
-THREADS = 8
+ROUNDS = 5
+PREFETCH = 512
+#: Processed messages before the clock starts (start-up) and counted while it runs.
+WARM_UP = 500
+#: Messages left in the queue when the clock stops: the worker never waits for the broker.
+LEFT_OVER = PREFETCH + 400
+#: The resources that the P2 messages are about.
+ACCOUNTS = 1000
 
 
-def throughput(url: str, variant: str) -> float:
-    """Messages per second for one variant: "plain", "until_executed", "while_executing" or "mutex"."""
-    client = redis.Redis.from_url(url)
+@dataclass
+class Meter:
+    """Counts processed messages and times the steady state, from inside the actor."""
+
+    start: int
+    stop: int
+    started: float = 0.0
+    stopped: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._count = itertools.count(1)
+        self.done = threading.Event()
+
+    def tick(self) -> None:
+        n = next(self._count)
+        if n == self.start:
+            self.started = time.perf_counter()
+        elif n == self.stop:
+            self.stopped = time.perf_counter()
+            self.done.set()
+
+    @property
+    def rate(self) -> float:
+        return (self.stop - self.start) / (self.stopped - self.started)
+
+
+def worker_rate(
+    broker_url: str,
+    locks_url: str,
+    *,
+    threads: int,
+    counted: int,
+    lock: str | None = None,
+    mutex: bool = False,
+    accounts: bool = False,
+) -> float:
+    """Messages per second in the steady state of a busy worker.
+
+    Parameters:
+      lock(str): The messages' lock type; ``None`` for a worker without the middleware.
+      mutex(bool): Whether the actor takes a ConcurrentRateLimiter(limit=1) on its account.
+      accounts(bool): Whether the messages are about ACCOUNTS accounts, else all different.
+    """
+    client = redis.Redis.from_url(broker_url)
+    locks = redis.Redis.from_url(locks_url)
     client.flushdb()
-    broker = RedisBroker(client=client, namespace=f"bench-{variant}")
-    options = {}
-    if variant in ("until_executed", "while_executing"):
-        broker.add_middleware(UniqueJobs(backend=RedisBackend(client=client)), before=TimeLimit)
-        options["lock"] = variant
+    locks.flushdb()
+    broker = RedisBroker(client=client, namespace=f"bench-{uuid.uuid4().hex[:8]}")
+    options: dict[str, Any] = {}
+    if lock is not None:
+        broker.add_middleware(UniqueJobs(backend=RedisBackend(client=locks)), before=TimeLimit)
+        options["lock"] = lock
     mutexes = RateLimitBackend(client=client)
+    meter = Meter(start=WARM_UP, stop=WARM_UP + counted)
+    failures = itertools.count()
 
-    @dramatiq.actor(broker=broker, max_retries=0, **options)
-    def noop(i):
-        if variant == "mutex":
-            # One mutex per message, as a hand-rolled per-job lock would be.
-            with ConcurrentRateLimiter(mutexes, f"noop-{i}", limit=1).acquire():
-                pass
+    @dramatiq.actor(broker=broker, max_retries=0, actor_name="noop", **options)
+    def noop(i: int) -> None:
+        if mutex:
+            try:
+                with ConcurrentRateLimiter(mutexes, f"account-{i}", limit=1).acquire():
+                    pass
+            except dramatiq.RateLimitExceeded:
+                next(failures)
+        meter.tick()
 
-    for i in range(MESSAGES):
-        noop.send(i)
-    worker = dramatiq.Worker(broker, worker_threads=THREADS, worker_timeout=100)
-    started = time.perf_counter()
+    for i in range(WARM_UP + counted + LEFT_OVER):
+        noop.send(i % ACCOUNTS if accounts else i)
+    worker = dramatiq.Worker(broker, worker_threads=threads, worker_timeout=100)
+    worker.queue_prefetch = PREFETCH
     worker.start()
-    broker.join(noop.queue_name)
-    elapsed = time.perf_counter() - started
-    worker.stop()
+    try:
+        if not meter.done.wait(timeout=120):
+            raise RuntimeError(
+                f"The worker ({lock=}, {mutex=}) did not process {meter.stop} messages within 2 minutes."
+            )
+    finally:
+        worker.stop()
+        broker.close()
+    if next(failures):
+        raise RuntimeError("Two messages of one account ran at once: the mutex benchmark is not measuring a mutex.")
+    client.flushdb()
+    locks.flushdb()
     client.close()
-    return MESSAGES / elapsed
+    locks.close()
+    return meter.rate
+
+
+def interleaved(runs: dict[str, Any], rounds: int) -> dict[str, list[float]]:
+    """Each named run once per round, in turn; their results by name."""
+    results: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            results[name].append(run())
+    return results
+
+
+@dataclass
+class P3:
+    threads: int
+    same_redis: list[float]  # ratio per round, locks on the broker's Redis
+    other_redis: list[float]  # ratio per round, locks on another server
+    plain: list[float]  # messages/s per round
+
+
+@dataclass
+class P2:
+    ratios: list[float]
+    lock_cost: list[float]  # s per message over plain
+    mutex_cost: list[float]
+    plain: list[float]
+
+
+def counted_for(threads: int) -> int:
+    # About a second of steady state at this machine's rates.
+    return 1500 if threads == 1 else 3000
+
+
+def measure_p3(
+    broker_url: str, other_url: str, rounds: int = ROUNDS, threads: tuple[int, ...] = (1, 8, 16)
+) -> list[P3]:
+    figures = []
+    runs: dict[str, Any] = {}
+    for n in threads:
+        config = {"threads": n, "counted": counted_for(n)}
+        runs[f"plain/{n}"] = lambda c=config: worker_rate(broker_url, broker_url, **c)
+        runs[f"same/{n}"] = lambda c=config: worker_rate(broker_url, broker_url, lock="until_executed", **c)
+        runs[f"other/{n}"] = lambda c=config: worker_rate(broker_url, other_url, lock="until_executed", **c)
+    results = interleaved(runs, rounds)
+    for n in threads:
+        plain = results[f"plain/{n}"]
+        figures.append(
+            P3(
+                threads=n,
+                same_redis=[a / b for a, b in zip(results[f"same/{n}"], plain, strict=True)],
+                other_redis=[a / b for a, b in zip(results[f"other/{n}"], plain, strict=True)],
+                plain=plain,
+            )
+        )
+    return figures
+
+
+def measure_p2(url: str, rounds: int = ROUNDS, threads: int = 8) -> P2:
+    config = {"threads": threads, "counted": counted_for(threads), "accounts": True}
+    results = interleaved(
+        {
+            "plain": lambda: worker_rate(url, url, **config),
+            "while_executing": lambda: worker_rate(url, url, lock="while_executing", **config),
+            "mutex": lambda: worker_rate(url, url, mutex=True, **config),
+        },
+        rounds,
+    )
+    plain = results["plain"]
+    lock_cost = [1 / a - 1 / p for a, p in zip(results["while_executing"], plain, strict=True)]
+    mutex_cost = [1 / a - 1 / p for a, p in zip(results["mutex"], plain, strict=True)]
+    return P2(
+        ratios=[a / b for a, b in zip(lock_cost, mutex_cost, strict=True)],
+        lock_cost=lock_cost,
+        mutex_cost=mutex_cost,
+        plain=plain,
+    )
+
+
+def spread(values: list[float], fmt: str = "{:.0%}") -> str:
+    """The median, and the lowest and highest value."""
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
-    with redis_url() as url:
-        rates = {
-            variant: throughput(url, variant) for variant in ("plain", "until_executed", "while_executing", "mutex")
-        }
-        print(f"{MESSAGES} no-op messages, RedisBroker, one worker with {THREADS} threads:")
-        for variant, rate in rates.items():
-            print(f"  {variant:<16} {rate:8.0f} messages/s")
-        per_message = {variant: 1 / rate for variant, rate in rates.items()}
-        p3 = rates["until_executed"] / rates["plain"]
-        lock_cost = per_message["while_executing"] - per_message["plain"]
-        mutex_cost = per_message["mutex"] - per_message["plain"]
-        print(f"P3 until_executed throughput / no middleware: {p3:.0%} (target >= 80%)")
+    with redis_urls(2) as (url, other_url):
+        print(f"One RedisBroker worker kept busy (queue_prefetch {PREFETCH}), no-op messages, {ROUNDS} rounds:")
+        for p3 in measure_p3(url, other_url):
+            print(
+                f"  {p3.threads:>2} threads: until_executed / no middleware {spread(p3.same_redis)} with locks on "
+                f"the broker's Redis, {spread(p3.other_redis)} on another; "
+                f"no middleware {statistics.median(p3.plain):.0f} messages/s"
+            )
+        p2 = measure_p2(url)
+        us = "{:.0f} us"
         print(
-            f"P2 while_executing overhead / ConcurrentRateLimiter mutex overhead: {lock_cost / mutex_cost:.2f} "
-            "(target <= 0.50)"
+            f"  8 threads: while_executing {spread([c * 1e6 for c in p2.lock_cost], us)} per message over no "
+            f"middleware, ConcurrentRateLimiter mutex {spread([c * 1e6 for c in p2.mutex_cost], us)}: "
+            f"ratio {spread(p2.ratios, '{:.2f}')} (target <= 0.50)"
         )
 
 

@@ -18,6 +18,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 from dramatiq_unique import RedisBackend
 from dramatiq_unique.backends import Holder
+from dramatiq_unique.backends.base import format_record
 from dramatiq_unique.liveness import registry_key
 from dramatiq_unique.reaper import Reaper
 
@@ -41,15 +42,18 @@ def plant(client: redis.Redis, now: int) -> None:
             worker = "dead:2:b" if orphan else "live:1:a"
             key, owner = f"{PREFIX}:{{{digest}}}:run", uuid.uuid4().hex
             holder = Holder(f"m{i}", "sync", "default", "while_executing", "running", worker_id=worker)
-            expires_at = now + 600_000
+            expires_at: int | None = now + 600_000
         else:
             rid = str(uuid.uuid4())
             key, owner = f"{PREFIX}:{{{digest}}}", f"m{i}"
             holder = Holder(owner, "settle", "default", "until_executed", "queued", redis_message_id=rid)
-            expires_at = ""
+            expires_at = None
             if not orphan:
                 pipe.hset("dramatiq:default.msgs", rid, b"{}")
-        pipe.hset(key, mapping={"fence": i + 1, owner: f"{expires_at}|{i + 1}|{now - 60_000}|{holder.to_json()}"})
+        record = format_record(
+            expires_at=expires_at, token=i + 1, acquired_at=now - 60_000, holder=holder.encode(owner)
+        )
+        pipe.hset(key, mapping={"fence": i + 1, owner: record})
         if i % 5000 == 4999:
             pipe.execute()
     pipe.execute()

@@ -81,6 +81,8 @@ class MessageLock:
         )
         self.enqueue_token = outcome.token
         self.enqueue_expires_at = outcome.expires_at
+        #: How often the message was rescheduled so far: the count carries over.
+        self.reschedules = outcome.reschedules
         #: The owner of this processing attempt's place in the run lock.
         self.run_owner: str | None = None
         self.run_token: int | None = None
@@ -99,14 +101,19 @@ class MessageLock:
         logger: logging.Logger,
         liveness: Liveness | None = None,
         events: Events | None = None,
+        outcome: EnqueueOutcome | None = None,
     ) -> MessageLock:
         """The locks of ``message``, with the digest it recorded when it was
         enqueued, or computed from its arguments.
 
+        Parameters:
+          outcome(EnqueueOutcome): The message's :func:`enqueue_outcome`, if the caller has it already.
+
         Raises:
           LockArgumentsError: If the digest cannot be computed.
         """
-        outcome = enqueue_outcome(message)
+        if outcome is None:
+            outcome = enqueue_outcome(message)
         digest = outcome.digest or compute_digest(
             actor_name=message.actor_name,
             queue_name=message.queue_name,
@@ -256,7 +263,7 @@ class MessageLock:
                 token=self.enqueue_token if self.holds_enqueue else None,
                 expires_at=self.enqueue_expires_at if self.holds_enqueue else None,
                 replaced=replaced,
-                reschedules=enqueue_outcome(self.message).reschedules,
+                reschedules=self.reschedules,
             ),
         )
 

@@ -332,7 +332,7 @@ class UniqueJobs(CrashSafety, Middleware):
         # wedge a consumer or stop a pipeline (L6).
         internal = self._is_internal_enqueue(broker, message)
         try:
-            lock = self._lock_for(message, config)
+            lock = self._lock_for(message, config, outcome)
         except LockArgumentsError as e:
             if not internal:
                 # Bad lock arguments fail the send for every lock type (D6).
@@ -499,8 +499,9 @@ class UniqueJobs(CrashSafety, Middleware):
         config = self._config_for(message)
         if config is None:
             return
-        dead_letter_if_rejected(message, self.logger)
-        lock = self._lock_for(message, config)
+        outcome = enqueue_outcome(message)
+        dead_letter_if_rejected(message, self.logger, outcome)
+        lock = self._lock_for(message, config, outcome)
         self._local.processing = lock
         try:
             acquisition = config.lock.start(lock)
@@ -551,7 +552,7 @@ class UniqueJobs(CrashSafety, Middleware):
 
     # Helpers -----------------------------------------------------------------
 
-    def _lock_for(self, message: AnyMessage, config: LockConfig) -> MessageLock:
+    def _lock_for(self, message: AnyMessage, config: LockConfig, outcome: EnqueueOutcome | None = None) -> MessageLock:
         return MessageLock.for_message(
             backend=self.backend,
             config=config,
@@ -559,6 +560,7 @@ class UniqueJobs(CrashSafety, Middleware):
             logger=self.logger,
             liveness=self.liveness,
             events=self.events,
+            outcome=outcome,
         )
 
     def _config_for(self, message: AnyMessage) -> LockConfig | None:

@@ -3,6 +3,7 @@ Redis Cluster (SPEC S1-S5, L8, L10)."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import traceback
@@ -205,17 +206,21 @@ def test_swap_of_a_replaced_holder_takes_nothing(backend):
 
 
 def test_redis_records_who_holds_the_lock_with_server_time(redis_client):
-    # S3: holder, actor, queue, lock type, state, acquired-at and TTL from the server clock.
+    # S3: holder, actor, queue, lock type, state, acquired-at and TTL from the server clock, in a
+    # compact record (issue 11): the token (its millisecond is acquired-at), the TTL, "queued",
+    # until_executed, replaceable, and the actor and queue in "names", which its holders share.
     backend = RedisBackend(client=redis_client)
     acquisition = acquire(backend, "m1", ttl=5_000)
-    record = redis_client.hget(KEY, "m1").decode()
-    expires_at, token, acquired_at, holder_json = record.split("|", 3)
+    token = acquisition.token
+    assert redis_client.hgetall(KEY) == {
+        b"fence": str(token).encode(),
+        b"names": b"settle|payments",
+        b"m1": f"{token}||5000|qe+|||||".encode(),
+    }
     server_seconds, server_micros = redis_client.time()
     server_now = server_seconds * 1000 + server_micros // 1000
-    assert int(token) == acquisition.token
-    assert int(expires_at) == acquisition.expires_at == int(acquired_at) + 5_000
-    assert server_now - 1_000 < int(acquired_at) <= server_now
-    assert '"message_id":"m1"' in holder_json and '"state":"queued"' in holder_json
+    assert acquisition.expires_at == token // 1000 + 5_000
+    assert server_now - 1_000 < token // 1000 <= server_now
     # The key outlives its holder by the fence retention (issue 9).
     assert 4_000 < redis_client.pttl(KEY) - backend.fence_retention <= 5_000
 
@@ -476,6 +481,8 @@ def test_read_gives_the_live_places_of_one_digests_locks(backend):
     assert sorted((r.key, r.owner, r.kind) for r in records) == [(KEY, "m1", "enqueue"), (KEY, "m2", "enqueue")]
     m1 = next(r for r in records if r.owner == "m1")
     assert m1.expires_at == m1.acquired_at + 60_000 and m1.holder["message_id"] == "m1"
+    # The actor and queue that compact places keep once per lock are read back with them.
+    assert (m1.holder["actor"], m1.holder["queue"]) == ("settle", "payments")
     # A fence alone, or no key at all, is no place.
     backend.release(KEY, "m1")
     backend.release(KEY, "m2")
@@ -500,3 +507,110 @@ def test_release_records_frees_only_the_places_still_as_read(backend):
     assert sorted(backend.release_records(KEY, {o: r.record for o, r in now_held.items()})) == ["m2", "m3"]
     assert backend.read([KEY])[1] == []
     assert acquire(backend, "m4").token > max(r.token for r in now_held.values())
+
+
+# The lock record (issue 11) -------------------------------------------------------------------
+
+
+@pytest.fixture(params=["redis", "cluster"])
+def redis_backend(request):
+    """RedisBackend on one Redis and on a Redis Cluster."""
+    name = "cluster_client" if request.param == "cluster" else "redis_client"
+    return RedisBackend(client=request.getfixturevalue(name))
+
+
+def test_a_place_gives_back_every_field_of_its_holder(backend):
+    # Issue 11: however compactly a place is stored, the reaper and the operations API read every
+    # field of its holder, by its name, for holders of one lock with different actors (a digest
+    # across actors), for holders with no compact form or ids that are not UUIDs, and after the
+    # lock's first holder left.
+    def rid() -> str:
+        return str(uuid.uuid4())
+
+    holders = {
+        (KEY, "m1"): Holder("m1", "settle_payment", "payments", "until_executed", "queued", None, rid(), True),
+        (KEY, "m2"): Holder("m2", "refund", "payments", "until_executed", "running", "host:12:ab", rid()),
+        (KEY, "m3"): Holder("m3", "odd|name", "payments", "until_executed", "queued", redis_message_id=rid()),
+        (KEY, "m5"): Holder("m5", "settle_payment", "payments", "until_executed", "queued", None, rid().upper()),
+        (KEY, "m6"): Holder("m6", "settle_payment", "payments", "until_executed", "queued", None, "x" * 22),
+        (RUN_KEY, "t1"): Holder("m1", "settle_payment", "payments", "until_and_while_executing", "running", "h:1:f"),
+    }
+
+    def take(key: str, owner: str) -> None:
+        assert backend.acquire(key, owner, limit=9, ttl=60_000, holder=holders[key, owner]).acquired
+
+    for key, owner in holders:
+        take(key, owner)
+    records = {(r.key, r.owner): r for r in scan_all(backend)}
+    assert {place: r.holder for place, r in records.items()} == {
+        place: json.loads(h.to_json()) for place, h in holders.items()
+    }
+    assert {r.expires_at - r.acquired_at for r in records.values()} == {60_000}
+    assert all(r.holder["message_id"] == "m1" for r in records.values() if r.owner in ("m1", "t1"))
+    backend.release(KEY, "m1")
+    holders[KEY, "m4"] = Holder("m4", "settle_payment", "payments", "until_executed", "queued")
+    take(KEY, "m4")
+    assert {(r.key, r.owner): r.holder for r in scan_all(backend)} == {
+        place: json.loads(h.to_json()) for place, h in holders.items() if place != (KEY, "m1")
+    }
+
+
+def test_redis_a_held_lock_keeps_the_compact_encoding(redis_backend):
+    # P4 (issue 11): every field of a held until_executed lock is short enough for Redis to keep
+    # the hash as a listpack, a third of a hashtable's memory; after its holders it keeps its fence.
+    key = "dramatiq-unique:{" + "6d26e4e2" * 8 + "}"
+    message_ids = [str(uuid.uuid4()) for _ in range(2)]
+    for message_id in message_ids:
+        holder = Holder(message_id, "settle_payment", "payments", "until_executed", "queued", None, str(uuid.uuid4()))
+        assert redis_backend.acquire(key, message_id, limit=2, ttl=600_000, holder=holder).acquired
+    compact = (b"listpack", b"ziplist")  # Redis 7 and later, Redis 6
+    assert redis_backend.client.object("encoding", key) in compact
+    for message_id in message_ids:
+        assert redis_backend.release(key, message_id)
+    assert redis_backend.client.object("encoding", key) in compact
+    assert list(redis_backend.client.hgetall(key)) == [b"fence"]
+
+
+#: What an earlier version recorded: "<expires_at>|<token>|<acquired_at>|<holder JSON>".
+OLD_QUEUED = '{"message_id":"m1","actor":"settle","queue":"payments","lock":"until_executed","state":"queued",'
+OLD_QUEUED += '"redis_message_id":"6a0c5a38-2b7e-4a53-9f4e-77a1c9d0e0f1","replaceable":true}'
+OLD_RUNNING = '{"message_id":"m1","actor":"settle","queue":"payments","lock":"until_and_while_executing",'
+OLD_RUNNING += '"state":"running","worker_id":"old-host:7:0a1b2c3d"}'
+
+
+def test_places_an_earlier_version_recorded_still_count(redis_backend):
+    # Issue 11: a rolling upgrade opens no duplicate window. Places recorded by an earlier version
+    # are holders: they keep newcomers out, lapse, are renewed, replaced, listed and released.
+    client = redis_backend.client
+    seconds, micros = client.time()
+    now = seconds * 1000 + micros // 1000
+    token = now * 1000
+    client.hset(KEY, mapping={"fence": token, "m1": f"|{token}|{now}|{OLD_QUEUED}"})
+    client.hset(RUN_KEY, mapping={"fence": token, "t1": f"{now + 60_000}|{token}|{now}|{OLD_RUNNING}"})
+    lapsed = "dramatiq-unique:{lapsed}"
+    client.hset(lapsed, mapping={"fence": token, "m9": f"{now - 1}|{token}|{now - 5_000}|{OLD_QUEUED}"})
+
+    assert acquire(backend=redis_backend, owner="m2").holders == ("m1",)
+    redelivery = redis_backend.acquire(RUN_KEY, "t2", limit=2, ttl=None, holder=holder("m1", "running"))
+    assert (redelivery.acquired, redelivery.holders) == (False, ("m1",))  # it meets its earlier attempt
+    assert acquire(redis_backend, "m8", key=lapsed).acquired
+
+    records = {(r.key, r.owner): r for r in scan_all(redis_backend)}
+    assert records[KEY, "m1"].holder == json.loads(OLD_QUEUED)
+    assert (records[KEY, "m1"].expires_at, records[KEY, "m1"].token, records[KEY, "m1"].acquired_at) == (
+        None,
+        token,
+        now,
+    )
+    assert records[RUN_KEY, "t1"].holder == json.loads(OLD_RUNNING)
+    assert records[RUN_KEY, "t1"].expires_at == now + 60_000
+
+    renewed = redis_backend.renew(RUN_KEY, "t1", ttl=120_000)
+    assert renewed is not None and renewed >= now + 120_000
+    (run,) = [r for r in scan_all(redis_backend) if r.key == RUN_KEY]
+    assert (run.holder, run.expires_at, run.token) == (json.loads(OLD_RUNNING), renewed, token)
+
+    taken = redis_backend.replace(KEY, "m2", replaced_key=REPLACED_KEY, limit=1, ttl=None, holder=holder("m2"))
+    assert (taken.acquired, taken.replaced) == (True, "m1")
+    assert redis_backend.release_record(RUN_KEY, "t1", run.record)
+    assert redis_backend.acquire(RUN_KEY, "t2", limit=1, ttl=None, holder=holder("m1", "running")).acquired

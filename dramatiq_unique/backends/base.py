@@ -11,12 +11,26 @@ caller's own place.
 from __future__ import annotations
 
 import abc
+import base64
+import binascii
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from ..keys import ENQUEUE, RUN, lock_kind
+
+#: The one-letter codes of states and lock types in a compact holder.
+_STATE_CODES = {"queued": "q", "running": "r"}
+_LOCK_CODES = {
+    "until_executing": "s",
+    "until_executed": "e",
+    "until_expired": "x",
+    "while_executing": "w",
+    "until_and_while_executing": "a",
+}
+_STATES = {code: name for name, code in _STATE_CODES.items()}
+_LOCKS = {code: name for name, code in _LOCK_CODES.items()}
 
 
 @dataclass(frozen=True)
@@ -48,9 +62,97 @@ class Holder:
     replaceable: bool = False
 
     def to_json(self) -> str:
-        # Unset fields are left out: every held lock pays for its bytes (SPEC P4).
-        fields = {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+        """The holder as compact JSON; fields that are not set, and ``replaceable`` when false, are left out."""
+        fields: dict[str, Any] = {
+            "message_id": self.message_id,
+            "actor": self.actor,
+            "queue": self.queue,
+            "lock": self.lock,
+            "state": self.state,
+        }
+        if self.worker_id is not None:
+            fields["worker_id"] = self.worker_id
+        if self.redis_message_id is not None:
+            fields["redis_message_id"] = self.redis_message_id
+        if self.replaceable:
+            fields["replaceable"] = True
         return json.dumps(fields, separators=(",", ":"))
+
+    def encode(self, owner: str) -> str:
+        """The holder as the backends record it for ``owner``: in a compact form of a few dozen
+        bytes (see docs/backends.md), or as :meth:`to_json` when a value has no compact form."""
+        # Every held lock pays for these bytes (SPEC P4): Redis keeps a hash whose values are all
+        # short in its compact encoding, a third of the memory.
+        state, lock = _STATE_CODES.get(self.state), _LOCK_CODES.get(self.lock)
+        worker_id, redis_message_id = self.worker_id or "", self.redis_message_id or ""
+        # RedisBroker's ids are UUIDs: 22 characters instead of 36. Another id of 22 would read as one.
+        short_id = _short_uuid(redis_message_id) if redis_message_id else None
+        if (
+            state is None
+            or lock is None
+            or not (self.message_id and self.actor and self.queue)
+            or "|" in f"{self.actor}{self.queue}{worker_id}{redis_message_id}"
+            or (short_id is None and len(redis_message_id) == _SHORT_UUID)
+        ):
+            return self.to_json()
+        redis_message_id = short_id or redis_message_id
+        flags = f"{state}{lock}+" if self.replaceable else f"{state}{lock}"
+        message_id = "" if self.message_id == owner else self.message_id
+        return f"{flags}|{worker_id}|{redis_message_id}|{self.actor}|{self.queue}|{message_id}"
+
+
+def format_record(*, expires_at: int | None, token: int, acquired_at: int, holder: str) -> str:
+    """A holder's place as a lock stores it, ``holder`` being :meth:`Holder.encode`'s answer."""
+    if holder.startswith("{"):
+        return f"{'' if expires_at is None else expires_at}|{token}|{acquired_at}|{holder}"
+    late = token // 1000 - acquired_at
+    lifetime = "" if expires_at is None else expires_at - acquired_at
+    return f"{token}|{late or ''}|{lifetime}|{holder}"
+
+
+#: The length of a UUID in base64url.
+_SHORT_UUID = 22
+
+
+def _short_uuid(text: str) -> str | None:
+    """A UUID written as ``str(uuid.UUID)`` does, in base64url; ``None`` for other text."""
+    if len(text) != 36 or text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
+        return None
+    try:
+        value = bytes.fromhex(text.replace("-", ""))
+    except ValueError:
+        return None
+    if len(value) != 16 or text != text.lower():
+        return None
+    return base64.urlsafe_b64encode(value)[:_SHORT_UUID].decode()
+
+
+def _long_uuid(text: str) -> str:
+    try:
+        h = base64.urlsafe_b64decode(text + "==").hex()
+    except (binascii.Error, ValueError):
+        return text
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _decode(owner: str, holder: str, names: str | None) -> dict[str, Any]:
+    """The fields of a compact holder, named as :meth:`Holder.to_json` names them."""
+    flags, worker_id, redis_message_id, actor, queue, message_id = holder.split("|", 5)
+    if not actor and names:
+        actor, _, queue = names.partition("|")
+    fields: dict[str, Any] = {"message_id": message_id or owner}
+    if actor:
+        fields["actor"], fields["queue"] = actor, queue
+    fields["lock"], fields["state"] = _LOCKS[flags[1]], _STATES[flags[0]]
+    if worker_id:
+        fields["worker_id"] = worker_id
+    if redis_message_id:
+        fields["redis_message_id"] = (
+            _long_uuid(redis_message_id) if len(redis_message_id) == _SHORT_UUID else redis_message_id
+        )
+    if flags.endswith("+"):
+        fields["replaceable"] = True
+    return fields
 
 
 @dataclass(frozen=True)
@@ -82,16 +184,34 @@ class LockRecord:
         return RUN if lock_kind(self.key) == RUN else ENQUEUE
 
     @classmethod
-    def parse(cls, key: str, owner: str, record: str) -> LockRecord:
-        expires_at, token, acquired_at, holder = record.split("|", 3)
+    def parse(cls, key: str, owner: str, record: str, names: str | None = None) -> LockRecord:
+        """Read a place as :func:`format_record` wrote it, or as earlier versions did.
+
+        Parameters:
+          names(str): The lock's ``names`` field: the actor and queue of holders that leave them out.
+        """
+        first, second, third, holder = record.split("|", 3)
+        if holder.startswith("{"):
+            # "<expires_at>|<token>|<acquired_at>|<holder JSON>", as earlier versions wrote every place.
+            return cls(
+                key=key,
+                owner=owner,
+                record=record,
+                expires_at=int(first) if first else None,
+                token=int(second),
+                acquired_at=int(third),
+                holder=json.loads(holder),
+            )
+        token = int(first)
+        acquired_at = token // 1000 - int(second or 0)
         return cls(
             key=key,
             owner=owner,
             record=record,
-            expires_at=int(expires_at) if expires_at else None,
-            token=int(token),
-            acquired_at=int(acquired_at),
-            holder=json.loads(holder),
+            expires_at=acquired_at + int(third) if third else None,
+            token=token,
+            acquired_at=acquired_at,
+            holder=_decode(owner, holder, names),
         )
 
 

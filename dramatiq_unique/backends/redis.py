@@ -108,7 +108,7 @@ class RedisBackend(LockBackend):
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
     ) -> Acquisition:
-        reply = self._call(self._acquire, [key], [owner, limit, ttl or 0, extend, holder.to_json()])
+        reply = self._call(self._acquire, [key], [owner, limit, ttl or 0, extend, holder.encode(owner)])
         return _acquisition(reply)
 
     def release(self, key: str, owner: str) -> bool:
@@ -120,12 +120,14 @@ class RedisBackend(LockBackend):
         reply = self._call(
             self._replace,
             [key, replaced_key],
-            [owner, limit, ttl or 0, extend, holder.to_json(), REPLACED_TTL],
+            [owner, limit, ttl or 0, extend, holder.encode(owner), REPLACED_TTL],
         )
         return _acquisition(reply)
 
     def claim(self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder) -> str:
-        reply = self._call(self._claim, [key, replaced_key], [owner, "release" if release else "run", holder.to_json()])
+        reply = self._call(
+            self._claim, [key, replaced_key], [owner, "release" if release else "run", holder.encode(owner)]
+        )
         return {1: HELD, 0: LAPSED, -1: SUPERSEDED}[reply]
 
     def swap(
@@ -143,7 +145,7 @@ class RedisBackend(LockBackend):
         reply = self._call(
             self._swap,
             [release_key, acquire_key, replaced_key],
-            [release_owner, owner, limit, ttl or 0, holder.to_json()],
+            [release_owner, owner, limit, ttl or 0, holder.encode(owner)],
         )
         return _acquisition(reply)
 
@@ -185,12 +187,13 @@ class RedisBackend(LockBackend):
             contents = pipe.execute()
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
-        records = []
+        records: list[LockRecord] = []
         for key, fields in zip(keys, contents, strict=True):
-            for owner, record in fields.items():
-                owner = _text(owner)
-                if owner != "fence":
-                    records.append(LockRecord.parse(key, owner, _text(record)))
+            places = {_text(owner): _text(record) for owner, record in fields.items()}
+            places.pop("fence", None)
+            # The actor and queue of the holders that leave them out (see holders.lua).
+            names = places.pop("names", None)
+            records.extend(LockRecord.parse(key, owner, record, names) for owner, record in places.items())
         return next_cursor, records
 
     def _scan_cluster(self, cursor: str, pattern: str, count: int) -> tuple[str, list[Any]]:
@@ -220,11 +223,13 @@ class RedisBackend(LockBackend):
 
     def read(self, keys: Sequence[str]) -> tuple[int, list[LockRecord]]:
         reply = self._call(self._read, list(keys), [])
-        places = reply[1:]
-        records = [
-            LockRecord.parse(keys[int(places[i]) - 1], _text(places[i + 1]), _text(places[i + 2]))
-            for i in range(0, len(places), 3)
-        ]
+        places: dict[str, dict[str, str]] = {}
+        for i in range(1, len(reply), 3):
+            places.setdefault(keys[int(reply[i]) - 1], {})[_text(reply[i + 1])] = _text(reply[i + 2])
+        records: list[LockRecord] = []
+        for key, fields in places.items():
+            names = fields.pop("names", None)
+            records.extend(LockRecord.parse(key, owner, record, names) for owner, record in fields.items())
         return int(reply[0]), records
 
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..keys import lock_kind
-from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord
+from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord, format_record
 
 
 @dataclass
@@ -18,10 +18,11 @@ class _Place:
     acquired_at: int
     expires_at: int | None
 
-    def record(self) -> str:
+    def record(self, owner: str) -> str:
         # The format RedisBackend stores, so release_record compares the same thing.
-        expiry = "" if self.expires_at is None else str(self.expires_at)
-        return f"{expiry}|{self.token}|{self.acquired_at}|{self.holder.to_json()}"
+        return format_record(
+            expires_at=self.expires_at, token=self.token, acquired_at=self.acquired_at, holder=self.holder.encode(owner)
+        )
 
 
 @dataclass
@@ -152,7 +153,7 @@ class StubBackend(LockBackend):
             after = "" if cursor == "0" else cursor[2:]
             keys = sorted(k for k in self._locks if k.startswith(prefix + ":{") and lock_kind(k) and k > after)[:count]
             records = [
-                LockRecord.parse(key, owner, place.record())
+                LockRecord.parse(key, owner, place.record(owner))
                 for key in keys
                 for owner, place in self._live(key, now).places.items()
             ]
@@ -162,7 +163,7 @@ class StubBackend(LockBackend):
         with self._mutex:
             lock = self._live(key, _now())
             place = lock.places.get(owner)
-            if place is None or place.record() != record:
+            if place is None or place.record(owner) != record:
                 return False
             return self._release(key, owner)
 
@@ -173,7 +174,7 @@ class StubBackend(LockBackend):
         with self._mutex:
             now = _now()
             records = [
-                LockRecord.parse(key, owner, place.record())
+                LockRecord.parse(key, owner, place.record(owner))
                 for key in keys
                 if key in self._locks
                 for owner, place in self._live(key, now).places.items()
@@ -183,7 +184,9 @@ class StubBackend(LockBackend):
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
         with self._mutex:
             places = self._live(key, _now()).places
-            freed = [owner for owner, record in records.items() if owner in places and places[owner].record() == record]
+            freed = [
+                owner for owner, record in records.items() if owner in places and places[owner].record(owner) == record
+            ]
             for owner in freed:
                 self._release(key, owner)
             return freed

@@ -51,9 +51,8 @@ def mark_rejected(message: AnyMessage, conflict: Conflict, reason: str) -> None:
     )
 
 
-def dead_letter_if_rejected(message: MessageProxy, logger: logging.Logger) -> None:
-    """In the worker: a message marked rejected goes to the dead-letter queue unrun."""
-    outcome = enqueue_outcome(message)
+def dead_letter_if_rejected(message: MessageProxy, logger: logging.Logger, outcome: EnqueueOutcome) -> None:
+    """In the worker: a message marked rejected (its ``outcome``) goes to the dead-letter queue unrun."""
     if outcome.status == REJECTED:
         logger.info(
             "Message %r of actor %r is dead-lettered without running: %s.",

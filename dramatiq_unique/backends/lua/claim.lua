@@ -1,7 +1,7 @@
 -- A queued holder starts running: it gives up its place ("release") or keeps
 -- it, now recorded as running ("run").
 -- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set (one digest, one hash slot).
--- ARGV: owner, "release" or "run", holder JSON (for "run").
+-- ARGV: owner, "release" or "run", holder (for "run").
 -- Returns 1 when the owner held a place, 0 when it held none (it lapsed), and
 -- -1 when a newer message took its place (replace): then it must not run, and
 -- gives up any place it took again since (a delayed copy or a retry coming due).
@@ -22,7 +22,7 @@ if ARGV[2] == "release" then
   count = count - 1
 else
   local expires_at, token, acquired_at = parse(record)
-  record = format_record(expires_at, token, acquired_at, ARGV[3])
+  record = format_record(expires_at, token, acquired_at, share_names(key, count - 1, ARGV[3]))
   redis.call("HSET", key, owner, record)
   holders[owner] = record
 end

@@ -2,15 +2,27 @@
 -- file in front of each script before registering it.
 --
 -- A lock is one HASH. Its field "fence" holds the last fencing token issued;
--- every other field is a holder: owner -> "<expires_at>|<token>|<acquired_at>|<holder JSON>",
--- in milliseconds of this server's clock, with an empty expires_at for a
--- place that never lapses. The numbers stay outside the JSON because cjson
--- cannot encode 16-digit integers exactly.
+-- every other field but "names" is a holder: owner -> record. A record is
+--   "<token>|<late>|<lifetime>|<holder>"
+-- where acquired_at is the token's millisecond less `late` (empty for 0) and
+-- expires_at is acquired_at plus `lifetime` (empty: never), and a holder is
+--   "<state><lock>[+]|<worker_id>|<redis_message_id>|<actor>|<queue>|<message_id>"
+-- with one-letter codes for state and lock type, "+" for a replaceable holder,
+-- an empty message_id for one that is its owner, and an empty actor and queue
+-- for those in the field "names" ("<actor>|<queue>", set by the lock's first
+-- holder: the holders of a lock are nearly always of one actor and queue).
+-- Short records keep the hash in Redis' compact encoding. A record of an
+-- earlier version, or of a holder with no compact form (Holder.encode), is
+--   "<expires_at>|<token>|<acquired_at>|<holder JSON>"
+-- and is read, and written again, as such. Times are in milliseconds of this
+-- server's clock. The numbers stay outside the JSON because cjson cannot
+-- encode 16-digit integers exactly.
 --
 -- RedisBackend defines FENCE_RETENTION (ms) in front of this file: how long
 -- a lock's fence outlives its last holder.
 
-local FENCE = "fence"
+local FENCE, NAMES = "fence", "names"
+local JSON = 123 -- "{", the first byte of a holder in JSON
 
 -- Returns now in milliseconds and in microseconds.
 local function clock()
@@ -19,15 +31,60 @@ local function clock()
   return seconds * 1000 + math.floor(micros / 1000), seconds * 1000000 + micros
 end
 
+-- Returns expires_at (nil: never), token, acquired_at and the holder.
 local function parse(record)
-  local expires_at, token, acquired_at, holder = string.match(record, "^(%d*)|(%d+)|(%d+)|(.*)$")
-  return tonumber(expires_at), tonumber(token), tonumber(acquired_at), holder
+  local a, b, c, holder = string.match(record, "^(-?%d*)|(-?%d*)|(-?%d*)|(.*)$")
+  if string.byte(holder) == JSON then
+    return tonumber(a), tonumber(b), tonumber(c), holder
+  end
+  local token = tonumber(a)
+  local acquired_at = (token - token % 1000) / 1000 - (tonumber(b) or 0)
+  local expires_at = nil
+  if c ~= "" then expires_at = acquired_at + tonumber(c) end
+  return expires_at, token, acquired_at, holder
 end
 
 local function format_record(expires_at, token, acquired_at, holder)
-  local expiry = ""
-  if expires_at then expiry = string.format("%d", expires_at) end
-  return expiry .. "|" .. string.format("%d", token) .. "|" .. string.format("%d", acquired_at) .. "|" .. holder
+  if string.byte(holder) == JSON then
+    local expiry = ""
+    if expires_at then expiry = string.format("%d", expires_at) end
+    return expiry .. "|" .. string.format("%d", token) .. "|" .. string.format("%d", acquired_at) .. "|" .. holder
+  end
+  local late, lifetime = (token - token % 1000) / 1000 - acquired_at, ""
+  if expires_at then lifetime = string.format("%d", expires_at - acquired_at) end
+  if late == 0 then late = "" else late = string.format("%d", late) end
+  return string.format("%d", token) .. "|" .. late .. "|" .. lifetime .. "|" .. holder
+end
+
+local function message_id(owner, holder)
+  if string.byte(holder) == JSON then return cjson.decode(holder).message_id end
+  local id = string.match(holder, "^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|(.*)$")
+  if id == "" then return owner end
+  return id
+end
+
+-- Whether a newer message may take the holder's place (replace): it is queued and replaceable.
+local function replaceable(holder)
+  if string.byte(holder) == JSON then
+    return string.find(holder, '"replaceable":true', 1, true) and string.find(holder, '"state":"queued"', 1, true)
+  end
+  local flags = string.match(holder, "^[^|]*")
+  return string.sub(flags, 1, 1) == "q" and string.sub(flags, -1) == "+"
+end
+
+-- The holder to record for a lock with `count` other holders: without its
+-- actor and queue when they are the lock's names. The first holder sets them;
+-- they never change while a holder relies on them.
+local function share_names(key, count, holder)
+  if string.byte(holder) == JSON then return holder end
+  local head, names, id = string.match(holder, "^([^|]*|[^|]*|[^|]*)|([^|]+|[^|]+)|(.*)$")
+  if not head then return holder end
+  if count == 0 then
+    redis.call("HSET", key, NAMES, names)
+  elseif redis.call("HGET", key, NAMES) ~= names then
+    return holder
+  end
+  return head .. "|||" .. id
 end
 
 -- Drops the holders whose place lapsed; returns the others (owner -> record) and their count.
@@ -39,7 +96,7 @@ local function live_holders(key, now)
   local holders, count = {}, 0
   for i = 1, #fields, 2 do
     local owner, record = fields[i], fields[i + 1]
-    if owner ~= FENCE then
+    if owner ~= FENCE and owner ~= NAMES then
       local expires_at = parse(record)
       if expires_at and expires_at <= now then
         redis.call("HDEL", key, owner)
@@ -59,11 +116,14 @@ end
 -- less than FENCE_RETENTION, and tokens keep increasing.
 local function expire_with_holders(key, holders, count)
   local fence = redis.call("HGET", key, FENCE)
+  if count == 0 then redis.call("HDEL", key, NAMES) end
   if count == 0 and fence then
-    -- Restored, a hash of one short field takes the compact encoding: half the
-    -- memory of one that held records. (Deleting it and writing it again is
-    -- refused by Redis Cluster while the key's slot migrates.) An ACL user may be
-    -- denied RESTORE: the key then stays as it is.
+    -- A hash that held a record longer than hash-max-listpack-value (a run
+    -- lock's, with a worker id and a message id) keeps Redis' large encoding;
+    -- restored, a hash of one short field takes the compact one: half the memory.
+    -- (Deleting it and writing it again is refused by Redis Cluster while the
+    -- key's slot migrates.) An ACL user may be denied RESTORE: the key then stays
+    -- as it is.
     local dumped = redis.pcall("DUMP", key)
     if type(dumped) == "string" then redis.pcall("RESTORE", key, 0, dumped, "REPLACE") end
   end
@@ -102,9 +162,9 @@ local function acquire(key, owner, limit, ttl, extend, holder)
   else
     if count >= limit then
       local reply = {0}
-      for _, record in pairs(holders) do
-        local _, _, _, holder_json = parse(record)
-        table.insert(reply, cjson.decode(holder_json).message_id)
+      for holder_owner, record in pairs(holders) do
+        local _, _, _, held = parse(record)
+        table.insert(reply, message_id(holder_owner, held))
       end
       expire_with_holders(key, holders, count)
       return reply
@@ -112,12 +172,12 @@ local function acquire(key, owner, limit, ttl, extend, holder)
     if count > 0 then
       -- A message holds at most one place: a redelivery of a message that still runs
       -- elsewhere (a new owner, the same message) meets its earlier attempt.
-      local message_id = cjson.decode(holder).message_id
-      for _, record in pairs(holders) do
-        local _, _, _, holder_json = parse(record)
-        if cjson.decode(holder_json).message_id == message_id then
+      local id = message_id(owner, holder)
+      for holder_owner, record in pairs(holders) do
+        local _, _, _, held = parse(record)
+        if message_id(holder_owner, held) == id then
           expire_with_holders(key, holders, count)
-          return {0, message_id}
+          return {0, id}
         end
       end
     end
@@ -130,7 +190,7 @@ local function acquire(key, owner, limit, ttl, extend, holder)
     count = count + 1
   end
 
-  local record = format_record(expires_at, token, acquired_at, holder)
+  local record = format_record(expires_at, token, acquired_at, share_names(key, count - 1, holder))
   redis.call("HSET", key, owner, record)
   holders[owner] = record
   expire_with_holders(key, holders, count)

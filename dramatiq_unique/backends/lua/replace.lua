@@ -2,7 +2,7 @@
 -- of the oldest holder that is still queued and replaceable (never one that runs) and
 -- remembers that holder in the replaced set, so it is skipped when it starts.
 -- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set (one digest, one hash slot).
--- ARGV: owner, limit, ttl in ms (0: never lapses), extend in ms, holder JSON, replaced set TTL in ms.
+-- ARGV: owner, limit, ttl in ms (0: never lapses), extend in ms, holder, replaced set TTL in ms.
 -- Returns acquire's reply, with the replaced owner appended when there was one.
 local key, replaced_key, owner, limit = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
 local holders, count = live_holders(key, clock())
@@ -12,8 +12,7 @@ if count >= limit and not holders[owner] then
   for holder_owner, record in pairs(holders) do
     local _, token, _, holder = parse(record)
     -- Only a queued holder that checks the replaced set when it starts may lose its place.
-    if string.find(holder, '"replaceable":true', 1, true) and string.find(holder, '"state":"queued"', 1, true)
-        and (oldest == nil or token < oldest) then
+    if replaceable(holder) and (oldest == nil or token < oldest) then
       victim, oldest = holder_owner, token
     end
   end

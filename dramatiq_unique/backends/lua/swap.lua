@@ -2,7 +2,7 @@
 -- enqueue lock's place, in one step (until_and_while_executing).
 -- KEYS[1]: the enqueue lock, KEYS[2]: the run lock, KEYS[3]: the replaced set
 -- (one digest, one hash slot).
--- ARGV: enqueue owner, run owner, limit, ttl in ms (0: never lapses), holder JSON.
+-- ARGV: enqueue owner, run owner, limit, ttl in ms (0: never lapses), holder.
 -- Returns acquire's reply, or {-1} when a newer message took the enqueue owner's place:
 -- then any place it took again since (a delayed copy or a retry coming due) is given up.
 if redis.call("SREM", KEYS[3], ARGV[1]) == 1 then

@@ -1,0 +1,163 @@
+"""What one lock costs a caller, in round trips (SPEC P6 and the cost of send()).
+
+P6: RedisBackend's acquire + release of an until_executed lock, against two calls of a trivial
+    script (EVALSHA of "return 1"), and redis-py's own Lock for comparison.
+send(): the extra time of send() for an until_executed actor (UniqueJobs on a RedisBroker)
+    over the same actor without the middleware, against one trivial EVALSHA.
+Every operation runs in blocks, the compared ones in turn (A B C A B C ...); each figure is
+the median over the rounds of the ratio within a round.
+Run: python benchmarks/latency.py  (uses REDIS_URL, else starts a server)
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import dramatiq
+import redis
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import TimeLimit
+
+from dramatiq_unique import RedisBackend, UniqueJobs
+from dramatiq_unique.backends import Holder
+from dramatiq_unique.keys import enqueue_key
+
+try:
+    from ._server import redis_url
+except ImportError:
+    from _server import redis_url
+
+ROUNDS = 15
+BLOCK = 300
+
+
+def per_call(operation: Callable[[int], object], start: int, block: int = BLOCK) -> float:
+    """Seconds per call of ``operation``, over one block of calls."""
+    started = time.perf_counter()
+    for i in range(start, start + block):
+        operation(i)
+    return (time.perf_counter() - started) / block
+
+
+def rounds(operations: dict[str, Callable[[int], object]], count: int = ROUNDS) -> dict[str, list[float]]:
+    """Seconds per call of each operation, per round, the operations in turn."""
+    results: dict[str, list[float]] = {name: [] for name in operations}
+    for r in range(count):
+        for name, operation in operations.items():
+            results[name].append(per_call(operation, r * BLOCK))
+    return results
+
+
+@dataclass
+class Figures:
+    trivial: list[float]  # one EVALSHA, s
+    acquire_release: list[float]  # RedisBackend acquire + release, s
+    redis_py_lock: list[float]  # redis-py Lock acquire + release, s
+    send_plain: list[float]  # send() without the middleware, s
+    send_locked: list[float]  # send() with an until_executed lock, s
+
+    @property
+    def p6(self) -> list[float]:
+        return [a / (2 * t) for a, t in zip(self.acquire_release, self.trivial, strict=True)]
+
+    @property
+    def redis_py(self) -> list[float]:
+        return [a / (2 * t) for a, t in zip(self.redis_py_lock, self.trivial, strict=True)]
+
+    @property
+    def send(self) -> list[float]:
+        return [
+            (locked - plain) / t
+            for locked, plain, t in zip(self.send_locked, self.send_plain, self.trivial, strict=True)
+        ]
+
+
+def measure(url: str, count: int = ROUNDS) -> Figures:
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    trivial = client.register_script("return 1")
+    backend = RedisBackend(client=client)
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+
+    def evalsha(i: int) -> None:
+        trivial(keys=[f"{prefix}:{i}"], args=[])
+
+    # A new digest each time, as a job with its own arguments has; made before the clock runs.
+    holders = [
+        Holder(
+            message_id=str(uuid.uuid4()),
+            actor="settle_payment",
+            queue="payments",
+            lock="until_executed",
+            state="queued",
+            redis_message_id=str(uuid.uuid4()),
+        )
+        for _ in range(-1, count * BLOCK)
+    ]
+    keys = [enqueue_key(prefix, uuid.uuid4().hex * 2) for _ in holders]
+
+    def acquire_release(i: int) -> None:
+        holder = holders[i + 1]
+        backend.acquire(keys[i + 1], holder.message_id, limit=1, ttl=None, holder=holder)
+        backend.release(keys[i + 1], holder.message_id)
+
+    def redis_py_lock(i: int) -> None:
+        lock = client.lock(f"{prefix}:lock:{i}")
+        lock.acquire()
+        lock.release()
+
+    plain_broker = RedisBroker(client=client, namespace=f"{prefix}-plain")
+    locked_broker = RedisBroker(client=client, namespace=f"{prefix}-locked")
+    locked_broker.add_middleware(UniqueJobs(backend=backend), before=TimeLimit)
+
+    @dramatiq.actor(broker=plain_broker, actor_name="settle_payment", queue_name="payments")
+    def plain(i: int) -> None:
+        pass
+
+    @dramatiq.actor(broker=locked_broker, actor_name="settle_payment", queue_name="payments", lock="until_executed")
+    def locked(i: int) -> None:
+        pass
+
+    for operation in (evalsha, acquire_release, redis_py_lock, plain.send, locked.send):
+        operation(-1)  # loads the scripts
+    results = rounds(
+        {
+            "trivial": evalsha,
+            "acquire_release": acquire_release,
+            "redis_py_lock": redis_py_lock,
+            "send_plain": plain.send,
+            "send_locked": locked.send,
+        },
+        count,
+    )
+    client.flushdb()
+    client.close()
+    return Figures(**results)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    with redis_url() as url:
+        figures = measure(url)
+    us = statistics.median
+    print(f"One caller, {ROUNDS} rounds of {BLOCK} calls each:")
+    print(f"  trivial EVALSHA round trip: {us(figures.trivial) * 1e6:.0f} us")
+    print(
+        f"  acquire + release / two trivial EVALSHA: {us(figures.p6):.2f} "
+        f"({min(figures.p6):.2f}-{max(figures.p6):.2f}; target <= 1.15), "
+        f"redis-py Lock: {us(figures.redis_py):.2f}"
+    )
+    print(
+        f"  send() {us(figures.send_locked) * 1e6:.0f} us with an until_executed lock, "
+        f"{us(figures.send_plain) * 1e6:.0f} us without the middleware: extra / one trivial EVALSHA "
+        f"{us(figures.send):.2f} ({min(figures.send):.2f}-{max(figures.send):.2f}; target <= 1.3)"
+    )
+
+
+if __name__ == "__main__":
+    main()
