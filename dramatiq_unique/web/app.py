@@ -251,22 +251,26 @@ class LocksWebApp:
 
     def workers_page(self, request: Request) -> Response:
         lease = self.middleware.liveness.lease_period if self.middleware is not None else None
-        rows = []
-        now = self.locks.backend.time()
+        # A worker heartbeats into the registry of every lock prefix its actors use.
+        registered: dict[str, tuple[int, list[str]]] = {}
+        now = 0
         for prefix in self.locks.prefixes:
             now, registry = self.locks.backend.heartbeats(registry_key(prefix))
-            for worker, alive_until in sorted(registry.items(), key=lambda item: -item[1]):
-                rows.append(
-                    {
-                        "worker": worker,
-                        "prefix": prefix,
-                        "alive": alive_until > now,
-                        "alive_until": _when(alive_until),
-                        "left": format_duration(alive_until - now) if alive_until > now else None,
-                        "since": format_duration(now - alive_until) if alive_until <= now else None,
-                        "heartbeat": format_duration(now - (alive_until - lease)) if lease is not None else None,
-                    }
-                )
+            for worker, alive_until in registry.items():
+                until, prefixes = registered.get(worker, (alive_until, []))
+                registered[worker] = (max(until, alive_until), [*prefixes, prefix])
+        rows = [
+            {
+                "worker": worker,
+                "prefixes": ", ".join(prefixes),
+                "alive": alive_until > now,
+                "alive_until": _when(alive_until),
+                "left": format_duration(alive_until - now) if alive_until > now else None,
+                "since": format_duration(now - alive_until) if alive_until <= now else None,
+                "heartbeat": format_duration(now - (alive_until - lease)) if lease is not None else None,
+            }
+            for worker, (alive_until, prefixes) in sorted(registered.items(), key=lambda item: (-item[1][0], item[0]))
+        ]
         return self._render(request, "workers.html", workers=rows, now=_when(now), lease_known=lease is not None)
 
     # Unlocking ---------------------------------------------------------------
