@@ -10,11 +10,11 @@ read, so a holder that came or renewed since keeps its place.
 
 from __future__ import annotations
 
+import base64
 import builtins
 import dataclasses
 import json
 import logging
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -338,25 +338,29 @@ class Locks:
                 if len(found) == limit:
                     # The page is full inside this step: the next page reads
                     # the step again and starts after the last lock shown here.
-                    digest, kind = _place_in_step(found[-1])
-                    return tuple(found), f"{index}.{position}.{kind}{digest}"
+                    return tuple(found), _cursor(index, position, _place_in_step(found[-1]))
                 found.append(matched)
             after, position = None, next_position
             if position == "0":
                 index += 1
-        return tuple(found), (f"{index}.{position}" if index < len(self.prefixes) else None)
+        return tuple(found), (_cursor(index, position, None) if index < len(self.prefixes) else None)
 
     def _parse_cursor(self, cursor: str | None) -> tuple[int, str, tuple[str, int] | None]:
         """(prefix index, backend cursor, the last lock shown of that step) of a :meth:`page` cursor."""
         if cursor is None:
             return 0, "0", None
-        index, _, rest = str(cursor).partition(".")
-        position, _, after = rest.partition(".")
-        if not (index.isdigit() and int(index) < len(self.prefixes) and _BACKEND_CURSOR.fullmatch(position)) or (
-            after and after[0] not in "01"
-        ):
-            raise ValueError(f"{cursor!r} is not a cursor of Locks.page: pass None for the first page.")
-        return int(index), position, ((after[1:], int(after[0])) if after else None)
+        try:
+            index, position, after = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+            if not (isinstance(index, int) and 0 <= index < len(self.prefixes) and isinstance(position, str)):
+                raise ValueError
+            if after is not None:
+                digest, kind = after
+                if not isinstance(digest, str) or kind not in (0, 1):
+                    raise ValueError
+                after = (digest, kind)
+        except (ValueError, TypeError, AttributeError):
+            raise ValueError(f"{cursor!r} is not a cursor of Locks.page: pass None for the first page.") from None
+        return index, position, after
 
     def get(self, digest: str) -> tuple[LockInfo, ...]:
         """The held locks of ``digest``: its enqueue lock and its run lock, under every prefix covered.
@@ -554,8 +558,9 @@ def _check_digest(digest: str) -> None:
         raise ValueError(f"{digest!r} is not a digest: a digest is the 64 hexadecimal characters between the braces.")
 
 
-#: A backend's scan cursor: a number, or ``<node index>:<number>`` on a Redis Cluster.
-_BACKEND_CURSOR = re.compile(r"[0-9]+(:[0-9]+)?")
+def _cursor(index: int, position: str, after: tuple[str, int] | None) -> str:
+    """A :meth:`Locks.page` cursor: opaque, and safe in a URL."""
+    return base64.urlsafe_b64encode(json.dumps([index, position, after]).encode()).decode()
 
 
 def _place_in_step(lock: LockInfo) -> tuple[str, int]:
