@@ -141,6 +141,7 @@ def test_locks_page_filters_by_actor_state_and_digest_prefix(app):
     (form,) = c.get("/", actor="report").forms
     assert form.fields["actor"] == "report" and form.action == ROOT + "/"
     assert c.get("/", state="waiting").status == 400
+    assert "is not a cursor" in c.get("/", cursor="<garbage>").text
 
 
 def test_lock_page_shows_the_record_its_holders_and_what_explain_says(app):
