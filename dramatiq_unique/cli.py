@@ -76,6 +76,9 @@ examples:
   # What the locks did in the last 15 minutes, per actor.
   $ dramatiq-unique stats --minutes 15
 
+  # The web page of held locks on http://127.0.0.1:8000/, read-only.
+  $ dramatiq-unique --app myapp.tasks web
+
 exit codes:
   0 done, 2 invalid command line or actor arguments, 3 module import failed,
   4 lock backend unreachable, 5 no or bad Redis URL, 6 no such lock or holder,
@@ -575,6 +578,49 @@ def run_stats(context: Context, args: argparse.Namespace) -> int:
     return RET_OK
 
 
+def declare_web(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "web",
+        help="serve the web page of held locks",
+        description="Serve the web page of held locks, workers and lock activity with Python's wsgiref server, "
+        "read-only unless --allow-unlock. With --app it also says what a new send would meet and whether a queued "
+        "message is still in the broker. Needs the web extra: pip install 'dramatiq-unique[web]'.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="the port to listen on (default: 8000)")
+    parser.add_argument(
+        "--allow-unlock", action="store_true", help="show unlock buttons and accept unlocking (POST, CSRF token)"
+    )
+    parser.set_defaults(run=run_web)
+
+
+def run_web(context: Context, args: argparse.Namespace) -> int:
+    from wsgiref.simple_server import make_server
+
+    try:
+        from .web.app import SCAN_BATCH, LocksWebApp
+    except ImportError as e:
+        raise CommandError(str(e), RET_IMPORT) from None
+    app = context.app
+    locks = Locks(
+        context.backend, lock_prefix=context.prefixes[0], actor_prefixes=context.prefixes[1:], batch=SCAN_BATCH
+    )
+    wsgi_app = LocksWebApp(
+        locks,
+        allow_unlock=args.allow_unlock,
+        broker=app.broker if app is not None else None,
+        middleware=app.unique if app is not None else None,
+    )
+    with make_server(args.host, args.port, wsgi_app) as server:
+        mode = "unlocking allowed" if args.allow_unlock else "read-only"
+        print(f"Serving the locks page on http://{args.host}:{server.server_port}/ ({mode}).", file=context.err)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+    return RET_OK
+
+
 #: The subcommands, in the order of ``--help``.
 SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     declare_list,
@@ -583,6 +629,7 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     declare_unlock,
     declare_reap,
     declare_stats,
+    declare_web,
 ]
 
 

@@ -10,6 +10,8 @@ read, so a holder that came or renewed since keeps its place.
 
 from __future__ import annotations
 
+import base64
+import builtins
 import dataclasses
 import json
 import logging
@@ -279,6 +281,87 @@ class Locks:
                 if cursor == "0":
                     break
 
+    def page(
+        self,
+        *,
+        cursor: str | None = None,
+        limit: int = 50,
+        actor: str | None = None,
+        state: str | None = None,
+        digest_prefix: str | None = None,
+        max_steps: int = 10,
+    ) -> tuple[tuple[LockInfo, ...], str | None]:
+        """One page of the held locks, for a person paging through them: at
+        most ``limit`` locks, read in at most ``max_steps`` scan steps, so a
+        page costs about the same with a hundred locks or a million, filters
+        or not.
+
+        Parameters:
+          cursor(str): Where the page starts: ``None`` for the first page,
+            else the cursor the previous page returned.
+          limit(int): At most this many locks.
+          actor(str): Only the holders of messages of this actor.
+          state(str): Only the holders in this state: ``"queued"`` or ``"running"``.
+          digest_prefix(str): Only the locks whose digest starts with this.
+          max_steps(int): At most this many scan steps of about ``batch`` keys each.
+
+        Returns:
+          tuple: The locks found, and the cursor of the next page; ``None``
+          when every lock was seen. A page with filters may hold fewer than
+          ``limit`` locks, or none, and still have a next page.
+
+        Raises:
+          ValueError: If an argument is invalid, or the cursor is none that this method returned.
+        """
+        if state is not None and state not in STATES:
+            raise ValueError(f"Locks.page got state={state!r}. Valid choices are: 'queued', 'running' or None.")
+        for name, value in (("limit", limit), ("max_steps", max_steps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Locks.page got {name}={value!r}: it must be an integer >= 1.")
+        index, position, after = self._parse_cursor(cursor)
+        found: builtins.list[LockInfo] = []
+        seen: set[str] = set()
+        for _ in range(max_steps):
+            if index >= len(self.prefixes) or len(found) >= limit:
+                break
+            next_position, records = self.backend.scan(self.prefixes[index], position, self.batch)
+            if digest_prefix:
+                records = [r for r in records if (digest_of(r.key) or "").startswith(digest_prefix)]
+            now = self.backend.time() if records else 0
+            for lock in _locks_of(records, now):
+                if lock.key in seen or (after is not None and _place_in_step(lock) <= after):
+                    continue
+                seen.add(lock.key)
+                matched = _only(lock, actor=actor, state=state)
+                if matched is None:
+                    continue
+                if len(found) == limit:
+                    # The page is full inside this step: the next page reads
+                    # the step again and starts after the last lock shown here.
+                    return tuple(found), _cursor(index, position, _place_in_step(found[-1]))
+                found.append(matched)
+            after, position = None, next_position
+            if position == "0":
+                index += 1
+        return tuple(found), (_cursor(index, position, None) if index < len(self.prefixes) else None)
+
+    def _parse_cursor(self, cursor: str | None) -> tuple[int, str, tuple[str, int] | None]:
+        """(prefix index, backend cursor, the last lock shown of that step) of a :meth:`page` cursor."""
+        if cursor is None:
+            return 0, "0", None
+        try:
+            index, position, after = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+            if not (isinstance(index, int) and 0 <= index < len(self.prefixes) and isinstance(position, str)):
+                raise ValueError
+            if after is not None:
+                digest, kind = after
+                if not isinstance(digest, str) or kind not in (0, 1):
+                    raise ValueError
+                after = (digest, kind)
+        except (ValueError, TypeError, AttributeError):
+            raise ValueError(f"{cursor!r} is not a cursor of Locks.page: pass None for the first page.") from None
+        return index, position, after
+
     def get(self, digest: str) -> tuple[LockInfo, ...]:
         """The held locks of ``digest``: its enqueue lock and its run lock, under every prefix covered.
 
@@ -338,6 +421,36 @@ class Locks:
             digest=digest,
             # As the worker receives them: the digest is computed from this form.
             lock_args=json.loads(json.dumps(lock_args)),
+            prefix=prefix,
+            lock_limit=config.lock_limit,
+            locks=tuple(locks),
+            on_send=_on_send(config, held.get(ENQUEUE), now),
+            on_start=_on_start(config, held.get(RUN), now) if config.lock.name in _RUN_LOCK_TYPES else None,
+        )
+
+    def explain_digest(self, digest: str, *, actor: str, config: LockConfig) -> Explanation:
+        """Say what a new message of ``actor`` whose arguments have ``digest``
+        would meet now, as :meth:`explain` does when the arguments are known.
+
+        Parameters:
+          digest(str): The digest, e.g. of a listed lock.
+          actor(str): The actor whose options apply.
+          config(LockConfig): Its lock options: ``UniqueJobs.lock_config(actor)``.
+
+        Returns:
+          Explanation: Its ``lock_args`` are ``None``: a digest does not tell them.
+        """
+        _check_digest(digest)
+        prefix = config.lock_prefix
+        now, records = self.backend.read([enqueue_key(prefix, digest), run_key(prefix, digest)])
+        locks = _locks_of(records, now)
+        held = {lock.kind: lock for lock in locks}
+        return Explanation(
+            actor=actor,
+            queue=locks[0].queue if locks else "",
+            lock=config.lock.name,
+            digest=digest,
+            lock_args=None,
             prefix=prefix,
             lock_limit=config.lock_limit,
             locks=tuple(locks),
@@ -443,6 +556,16 @@ def describe_holder(holder: HolderInfo, now: int) -> str:
 def _check_digest(digest: str) -> None:
     if not isinstance(digest, str) or not digest or "{" in digest or "}" in digest or ":" in digest:
         raise ValueError(f"{digest!r} is not a digest: a digest is the 64 hexadecimal characters between the braces.")
+
+
+def _cursor(index: int, position: str, after: tuple[str, int] | None) -> str:
+    """A :meth:`Locks.page` cursor: opaque, and safe in a URL."""
+    return base64.urlsafe_b64encode(json.dumps([index, position, after]).encode()).decode()
+
+
+def _place_in_step(lock: LockInfo) -> tuple[str, int]:
+    """Where a lock comes among the locks of one scan step, as :func:`_locks_of` orders them."""
+    return lock.digest, 0 if lock.kind == ENQUEUE else 1
 
 
 def _locks_of(records: Iterable[LockRecord], now: int) -> list[LockInfo]:

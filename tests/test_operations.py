@@ -305,3 +305,27 @@ def test_explain_matches_what_send_does_for_each_client_strategy(env):
     # max_reschedules=0: the first reschedule is one too many.
     assert locks.explain(patient, 1).on_send.startswith("A new send would go to the dead-letter queue without running")
     assert enqueue_outcome(patient.send(1)).status == "rejected"
+
+
+def test_page_walks_every_lock_once_with_its_cursor_and_filters(app):
+    env, _, sent, _ = app
+    locks = Locks.from_middleware(env.middleware, batch=2)  # several scan steps, pages end inside a step
+    every = sorted(lock.key for lock in locks.list())
+    walked, cursor, pages = [], None, 0
+    while True:
+        found, cursor = locks.page(cursor=cursor, limit=1)
+        walked += [lock.key for lock in found]
+        pages += 1
+        assert len(found) <= 1 and pages < 50
+        if cursor is None:
+            break
+    assert sorted(walked) == every and len(walked) == len(set(walked))
+    found, cursor = locks.page(state="running", limit=10, max_steps=1000)
+    assert [(lock.actor, lock.kind) for lock in found] == [("sync", "run")] and cursor is None
+    settle = digest_of(sent["settle"])
+    (only,) = locks.page(digest_prefix=settle[:8], limit=10, max_steps=1000)[0]
+    assert only.digest == settle
+    with pytest.raises(ValueError, match="is not a cursor of Locks.page"):
+        locks.page(cursor="9.0")
+    with pytest.raises(ValueError, match="'queued', 'running'"):
+        locks.page(state="waiting")

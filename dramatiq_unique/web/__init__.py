@@ -1,0 +1,8 @@
+"""A web page of the held locks: a plain WSGI application to mount in any web app.
+
+It needs Jinja2: ``pip install 'dramatiq-unique[web]'``.
+"""
+
+from .app import LocksWebApp, from_middleware, make_wsgi_app
+
+__all__ = ["LocksWebApp", "from_middleware", "make_wsgi_app"]

@@ -1,0 +1,402 @@
+"""The WSGI application of the web page: held locks, one lock, workers, and unlocking.
+
+Every page reads the locks through :class:`~dramatiq_unique.operations.Locks`,
+so it sees what ``dramatiq-unique list`` sees, on a single Redis and on a
+Redis Cluster. Links and form actions start with ``SCRIPT_NAME``, so the
+application can be mounted under any path.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, quote, urlencode
+
+from ..activity import read_activity
+from ..backends import LockBackend
+from ..errors import LockBackendError
+from ..events import EVENT_KINDS
+from ..liveness import registry_key
+from ..operations import QUEUED, STATES, HolderInfo, LockInfo, Locks, format_duration
+from ..options import DEFAULT_LOCK_PREFIX
+from ..reaper import locator_for
+from .security import SECURITY_HEADERS, Csrf
+
+try:
+    import jinja2
+except ImportError as e:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "dramatiq_unique.web needs Jinja2, which the 'web' extra brings: pip install 'dramatiq-unique[web]'"
+    ) from e
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+    from dramatiq import Broker
+
+    from ..middleware import UniqueJobs
+
+#: Decides whether a request may unlock: called with the WSGI environ.
+Authorize = Callable[["WSGIEnvironment"], bool]
+
+#: How many locks a page of the list shows.
+PAGE_SIZE = 50
+#: About how many keys one scan step of a page reads, and at most how many steps a page takes.
+SCAN_BATCH = 100
+MAX_STEPS = 5
+#: The largest form body read, in bytes.
+MAX_BODY = 16 * 1024
+
+_STATUS = {200: "200 OK", 400: "400 Bad Request", 403: "403 Forbidden", 404: "404 Not Found"}
+_STATUS.update({405: "405 Method Not Allowed", 503: "503 Service Unavailable"})
+
+
+@dataclass
+class Response:
+    status: int
+    body: str
+    content_type: str = "text/html; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class HTTPError(Exception):
+    """An answer other than the page asked for, with a sentence for the person who asked."""
+
+    def __init__(self, status: int, message: str, headers: Iterable[tuple[str, str]] = ()):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = list(headers)
+
+
+class Request:
+    """What a handler needs from the WSGI environ."""
+
+    def __init__(self, environ: WSGIEnvironment):
+        self.environ = environ
+        self.method = environ.get("REQUEST_METHOD", "GET").upper()
+        self.path: str = str(environ.get("PATH_INFO", "")) or "/"
+        self.root: str = str(environ.get("SCRIPT_NAME", "")).rstrip("/")
+        self.query = {k: v[0] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
+        self._form: dict[str, str] | None = None
+
+    @property
+    def form(self) -> dict[str, str]:
+        if self._form is None:
+            content_type = self.environ.get("CONTENT_TYPE", "").partition(";")[0].strip()
+            if content_type != "application/x-www-form-urlencoded":
+                raise HTTPError(400, "A form must be sent as application/x-www-form-urlencoded.")
+            try:
+                length = int(self.environ.get("CONTENT_LENGTH") or 0)
+            except ValueError:
+                length = -1
+            if not 0 <= length <= MAX_BODY:
+                raise HTTPError(400, "The form is too large, or its length is not given.")
+            body = self.environ["wsgi.input"].read(length).decode("utf-8", "replace")
+            self._form = {k: v[0] for k, v in parse_qs(body).items()}
+        return self._form
+
+    def url(self, path: str, **query: Any) -> str:
+        """A link to ``path`` of this application, with the query parameters that are not empty."""
+        params = {k: v for k, v in query.items() if v not in (None, "")}
+        return self.root + path + ("?" + urlencode(params) if params else "")
+
+
+class LocksWebApp:
+    """The web page of the held locks, as a WSGI application.
+
+    Parameters:
+      locks(Locks): The locks it shows.
+      allow_unlock(bool): Whether unlock buttons are shown and unlocking is accepted.
+      authorize(callable): Called with the WSGI environ of each request; only
+        when it returns True may the request unlock. ``None`` lets every
+        request unlock when ``allow_unlock`` is set.
+      broker(Broker): The broker, to tell whether a queued holder's message
+        is still in it (RedisBroker, StubBroker).
+      middleware(UniqueJobs): The middleware of the application, to say what
+        a new send would meet and how old a worker's heartbeat is.
+      secret(bytes): The key of the CSRF tokens; random per application when
+        ``None``. Give every process serving the page the same one.
+    """
+
+    def __init__(
+        self,
+        locks: Locks,
+        *,
+        allow_unlock: bool = False,
+        authorize: Authorize | None = None,
+        broker: Broker | None = None,
+        middleware: UniqueJobs | None = None,
+        secret: bytes | None = None,
+    ):
+        self.locks = locks
+        self.allow_unlock = allow_unlock
+        self.authorize = authorize
+        self.broker = broker
+        self.middleware = middleware
+        self.csrf = Csrf(secret=secret)
+        self.templates = jinja2.Environment(
+            loader=jinja2.PackageLoader("dramatiq_unique.web", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.stylesheet = resources.files(__package__).joinpath("static", "style.css").read_bytes()
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        request = Request(environ)
+        try:
+            response = self._dispatch(request)
+        except HTTPError as e:
+            response = self._render(request, "error.html", status=e.status, message=e.message)
+            response.headers += e.headers
+        except LockBackendError as e:
+            # The backend's errors name a host and port at most, never a password.
+            response = self._render(request, "error.html", status=503, message=str(e))
+        body = response.body.encode()
+        headers = [
+            ("Content-Type", response.content_type),
+            ("Content-Length", str(len(body))),
+            *SECURITY_HEADERS,
+            *response.headers,
+        ]
+        start_response(_STATUS.get(response.status, f"{response.status} Error"), headers)
+        return [b"" if request.method == "HEAD" else body]
+
+    # Routing -----------------------------------------------------------------
+
+    def _dispatch(self, request: Request) -> Response:
+        path = request.path
+        if path == "/static/style.css":
+            self._only(request, "GET")
+            return Response(200, self.stylesheet.decode(), content_type="text/css; charset=utf-8")
+        if path in ("/", ""):
+            self._only(request, "GET")
+            return self.locks_page(request)
+        if path.startswith("/locks/") and path.count("/") == 2:
+            self._only(request, "GET")
+            return self.lock_page(request, path.removeprefix("/locks/"))
+        if path == "/workers":
+            self._only(request, "GET")
+            return self.workers_page(request)
+        if path in ("/unlock", "/unlock-actor"):
+            self._only(request, "POST")
+            self._check_unlock(request)
+            return self.unlock(request) if path == "/unlock" else self.unlock_actor(request)
+        raise HTTPError(404, "There is no such page.")
+
+    def _only(self, request: Request, method: str) -> None:
+        allowed = (method, "HEAD") if method == "GET" else (method,)
+        if request.method not in allowed:
+            raise HTTPError(405, f"This page only answers {method}.", [("Allow", ", ".join(allowed))])
+
+    # Pages -------------------------------------------------------------------
+
+    def locks_page(self, request: Request) -> Response:
+        query = request.query
+        actor, state, digest = query.get("actor") or None, query.get("state") or None, query.get("digest") or None
+        if state is not None and state not in STATES:
+            raise HTTPError(400, "The state filter must be 'queued' or 'running'.")
+        try:
+            found, next_cursor = self.locks.page(
+                cursor=query.get("cursor") or None,
+                limit=PAGE_SIZE,
+                actor=actor,
+                state=state,
+                digest_prefix=digest,
+                max_steps=MAX_STEPS,
+            )
+        except ValueError as e:
+            raise HTTPError(400, str(e)) from None
+        report = read_activity(self.locks.backend, prefix=self.locks.prefixes[0], minutes=60)
+        totals = report.totals()
+        kinds = [kind for kind in EVENT_KINDS if any(kind in counts for counts in totals.values())]
+        filters = {"actor": actor, "state": state, "digest": digest}
+        return self._render(
+            request,
+            "locks.html",
+            locks=found,
+            filters=filters,
+            filtered=any(filters.values()),
+            first_page=query.get("cursor") is None,
+            next_url=request.url("/", **filters, cursor=next_cursor) if next_cursor else None,
+            first_url=request.url("/", **filters),
+            activity=sorted(totals.items()),
+            activity_kinds=kinds,
+        )
+
+    def lock_page(self, request: Request, digest: str) -> Response:
+        try:
+            found = self.locks.get(digest)
+        except ValueError as e:
+            raise HTTPError(404, str(e)) from None
+        if not found:
+            raise HTTPError(404, f"No lock of digest {digest!r} is held: it is free.")
+        explanations = []
+        if self.middleware is not None:
+            for actor in dict.fromkeys(h.actor for lock in found for h in lock.holders):
+                config = self.middleware.lock_config(actor)
+                if config is not None:
+                    explanations.append(self.locks.explain_digest(digest, actor=actor, config=config))
+        return self._render(
+            request,
+            "lock.html",
+            digest=digest,
+            locks=found,
+            in_broker=self._in_broker(found),
+            explanations=explanations,
+            explained=self.middleware is not None,
+        )
+
+    def workers_page(self, request: Request) -> Response:
+        lease = self.middleware.liveness.lease_period if self.middleware is not None else None
+        # A worker heartbeats into the registry of every lock prefix its actors use.
+        registered: dict[str, tuple[int, list[str]]] = {}
+        now = 0
+        for prefix in self.locks.prefixes:
+            now, registry = self.locks.backend.heartbeats(registry_key(prefix))
+            for worker, alive_until in registry.items():
+                until, prefixes = registered.get(worker, (alive_until, []))
+                registered[worker] = (max(until, alive_until), [*prefixes, prefix])
+        rows = [
+            {
+                "worker": worker,
+                "prefixes": ", ".join(prefixes),
+                "alive": alive_until > now,
+                "alive_until": _when(alive_until),
+                "left": format_duration(alive_until - now) if alive_until > now else None,
+                "since": format_duration(now - alive_until) if alive_until <= now else None,
+                "heartbeat": format_duration(now - (alive_until - lease)) if lease is not None else None,
+            }
+            for worker, (alive_until, prefixes) in sorted(registered.items(), key=lambda item: (-item[1][0], item[0]))
+        ]
+        return self._render(request, "workers.html", workers=rows, now=_when(now), lease_known=lease is not None)
+
+    # Unlocking ---------------------------------------------------------------
+
+    def _check_unlock(self, request: Request) -> None:
+        if not self.allow_unlock:
+            raise HTTPError(403, "Unlocking is turned off: this page is read-only.")
+        if not self._authorized(request):
+            raise HTTPError(403, "You may not unlock here.")
+        if not self.csrf.check(request.environ, request.form.get("csrf")):
+            raise HTTPError(403, "The form's CSRF token is missing or does not match its cookie: reload the page.")
+
+    def unlock(self, request: Request) -> Response:
+        form = request.form
+        digest, message_id = form.get("digest", ""), form.get("message_id") or None
+        try:
+            freed = self.locks.unlock(digest, message_id)
+        except ValueError as e:
+            raise HTTPError(400, str(e)) from None
+        what = f"digest {digest}" + (f", message {message_id}" if message_id else "")
+        return self._render(request, "freed.html", freed=freed, what=what)
+
+    def unlock_actor(self, request: Request) -> Response:
+        actor = request.form.get("actor", "")
+        if not actor:
+            raise HTTPError(400, "Name the actor whose locks to free.")
+        freed = self.locks.unlock_all(actor=actor)
+        return self._render(request, "freed.html", freed=freed, what=f"actor {actor}")
+
+    # Helpers -----------------------------------------------------------------
+
+    def _authorized(self, request: Request) -> bool:
+        return self.allow_unlock and (self.authorize is None or self.authorize(request.environ) is True)
+
+    def _in_broker(self, locks: Iterable[LockInfo]) -> dict[tuple[str, str], bool]:
+        """For each queued holder of an enqueue lock, whether its message is still in the broker (where it can tell)."""
+        locator = locator_for(self.broker)
+        queued = [(lock, h) for lock in locks if lock.kind == "enqueue" for h in lock.holders if h.state == QUEUED]
+        if locator is None or not queued:
+            return {}
+        missing = locator.missing([h.place for _, h in queued])
+        return {(lock.key, h.message_id): not gone for (lock, h), gone in zip(queued, missing, strict=True)}
+
+    def _render(self, request: Request, template: str, *, status: int = 200, **context: Any) -> Response:
+        headers = []
+        can_unlock = self._authorized(request)
+        token = None
+        if can_unlock:
+            nonce = self.csrf.nonce(request.environ)
+            if nonce is None:
+                nonce = self.csrf.new_nonce()
+                headers.append(self.csrf.cookie(nonce, request.environ))
+            token = self.csrf.token(nonce)
+        body = self.templates.get_template(template).render(
+            url=request.url,
+            lock_url=lambda digest: request.url("/locks/" + quote(digest, safe="")),
+            can_unlock=can_unlock,
+            csrf_token=token,
+            prefixes=self.locks.prefixes,
+            age=_age,
+            ttl_left=_ttl_left,
+            when=_when,
+            status=status,
+            **context,
+        )
+        return Response(status, body, headers=headers)
+
+
+def make_wsgi_app(
+    backend: LockBackend,
+    *,
+    lock_prefix: str = DEFAULT_LOCK_PREFIX,
+    actor_prefixes: Iterable[str] = (),
+    allow_unlock: bool = False,
+    authorize: Authorize | None = None,
+    broker: Broker | None = None,
+    secret: bytes | None = None,
+) -> LocksWebApp:
+    """The web page of the locks in ``backend``, as a WSGI application.
+
+    Parameters:
+      backend(LockBackend): Where the locks are.
+      lock_prefix(str): The middleware's lock prefix.
+      actor_prefixes(Iterable[str]): The ``lock_prefix`` of actors that have their own.
+      allow_unlock(bool): Show unlock buttons and accept unlocking; read-only by default.
+      authorize(callable): Called with the WSGI environ; only when it returns
+        True may the request unlock.
+      broker(Broker): The broker, to tell whether a queued message is still in it.
+      secret(bytes): The key of the CSRF tokens, the same in every process
+        serving the page; random when ``None``.
+
+    Raises:
+      ImportError: If Jinja2 is not installed (the ``web`` extra).
+    """
+    locks = Locks(backend, lock_prefix=lock_prefix, actor_prefixes=actor_prefixes, batch=SCAN_BATCH)
+    return LocksWebApp(locks, allow_unlock=allow_unlock, authorize=authorize, broker=broker, secret=secret)
+
+
+def from_middleware(
+    unique_jobs: UniqueJobs,
+    *,
+    allow_unlock: bool = False,
+    authorize: Authorize | None = None,
+    broker: Broker | None = None,
+    secret: bytes | None = None,
+) -> LocksWebApp:
+    """The web page of the locks of ``unique_jobs``, under every lock prefix
+    its actors use; it also says what a new send would meet, from the actors'
+    options. The parameters are those of :func:`make_wsgi_app`."""
+    return LocksWebApp(
+        Locks.from_middleware(unique_jobs, batch=SCAN_BATCH),
+        allow_unlock=allow_unlock,
+        authorize=authorize,
+        broker=broker,
+        middleware=unique_jobs,
+        secret=secret,
+    )
+
+
+def _when(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _age(holder: HolderInfo, lock: LockInfo) -> str:
+    return format_duration(lock.read_at - holder.acquired_at)
+
+
+def _ttl_left(holder: HolderInfo, lock: LockInfo) -> str:
+    return "never lapses" if holder.expires_at is None else format_duration(holder.expires_at - lock.read_at)

@@ -1,0 +1,355 @@
+"""The web page of held locks (issue 12), called through WSGI under a path prefix: every page with
+locks in every state, escaping of hostile names, unlocking only when allowed, authorized and
+sent with a CSRF token, and pages that do bounded work over 100,000 locks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from dramatiq import Worker
+
+from dramatiq_unique import Locks, RedisBackend, enqueue_outcome
+from dramatiq_unique.backends import Holder
+from dramatiq_unique.keys import enqueue_key
+from dramatiq_unique.web import from_middleware, make_wsgi_app
+
+from .support import Gate, wait_for
+from .web_client import Client
+
+ROOT = "/ops/locks"
+HOSTILE_ACTOR = 'o\'brien "<b>quoted</b>"'
+SCRIPT = "<script>alert(1)</script>"
+
+
+@pytest.fixture
+def app(redis_env):
+    """Locks in every state on RedisBroker + RedisBackend with a real worker: queued, running,
+    lapsed, two holders of one digest (lock_limit=2), an actor's own prefix, a hostile actor name."""
+    env, gate = redis_env, Gate()
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_args_method=lambda event_id, payload=None: [event_id])
+    def settle(event_id, payload=None):
+        pass
+
+    @env.actor(queue_name="sync", lock="while_executing", on_conflict="reschedule", reschedule_delay=60_000)
+    def sync(account_id):
+        gate.enter(account_id)
+
+    @env.actor(queue_name="reports", lock="until_executed", lock_limit=2)
+    def report(day):
+        pass
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_prefix="billing")
+    def invoice(number):
+        pass
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_ttl=50)
+    def remind(number):
+        pass
+
+    @env.actor(queue_name="payments", lock="until_executed", actor_name=HOSTILE_ACTOR)
+    def hostile(text):
+        pass
+
+    actors = {a.actor_name: a for a in (settle, sync, report, invoice, remind, hostile)}
+    sent = {
+        "settle": settle.send("evt_1", {"amount": 100}),
+        "report_a": report.send("2024-01-01"),
+        "report_b": report.send("2024-01-01"),
+        "invoice": invoice.send(7),
+        "remind": remind.send(1),
+        "sync": sync.send(42),
+        "hostile": hostile.send(SCRIPT),
+    }
+    worker = Worker(env.broker, worker_timeout=100, worker_threads=2, queues={"sync"})
+    worker.start()
+    env.workers.append(worker)
+    wait_for(lambda: gate.running.get(42) == 1)
+    time.sleep(0.06)  # remind's lock lapses
+    yield env, actors, sent
+    gate.open()
+
+
+def digest(message) -> str:
+    return enqueue_outcome(message).digest
+
+
+def client(env, **options) -> Client:
+    return Client(from_middleware(env.middleware, broker=env.broker, **options), script_name=ROOT)
+
+
+def test_locks_page_shows_every_held_lock_with_its_holders(app):
+    env, _, sent = app
+    page = client(env).get("/")
+    assert page.status == 200
+    rows = {(row[1], row[2]): row for row in page.rows if len(row) == 11}
+    assert set(rows) - {("enqueue", "report")} == {
+        ("enqueue", "settle"),
+        ("enqueue", "invoice"),
+        ("run", "sync"),
+        ("enqueue", HOSTILE_ACTOR),
+    }
+    # The lapsed lock of remind is free: not listed.
+    assert "remind" not in page.text
+    # Digest, kind, actor, queue, lock type, message, state, age, TTL left, worker, token.
+    settle = rows["enqueue", "settle"]
+    assert settle[0] == digest(sent["settle"])[:12] + "…"
+    assert settle[3:7] == ["payments", "until_executed", sent["settle"].message_id, "queued"]
+    assert (settle[8], settle[9], settle[10]) == ("never lapses", "–", str(enqueue_outcome(sent["settle"]).token))
+    run = rows["run", "sync"]
+    assert run[5:7] == [sent["sync"].message_id, "running"]
+    assert run[9] == env.middleware.liveness.worker_id and run[8].endswith("s")  # a lease
+    reports = [row for row in page.rows if row[2] == "report"]
+    assert sorted(row[5] for row in reports) == sorted([sent["report_a"].message_id, sent["report_b"].message_id])
+    assert rows["enqueue", "invoice"][3] == "payments"  # under the actor's own prefix "billing"
+    assert "prefixes dramatiq-unique, billing" in page.text
+    # Every link starts with where the app is mounted; nothing to unlock with by default.
+    assert page.parsed.links and all(link.startswith(ROOT + "/") for link in page.parsed.links)
+    assert f"{ROOT}/locks/{digest(sent['settle'])}" in page.parsed.links
+    assert page.post_forms == [] and "read-only" in page.text
+    assert "Next page" not in page.text and "That is the end of the list." in page.text
+
+
+def test_every_answer_has_the_security_headers(app):
+    env, _, sent = app
+    c = client(env, allow_unlock=True)
+    for answer in (c.get("/"), c.get("/workers"), c.get("/locks/" + "0" * 64), c.post("/unlock", {})):
+        assert answer.header("Content-Security-Policy").startswith("default-src 'self'")
+        assert answer.header("X-Content-Type-Options") == "nosniff"
+        assert answer.header("X-Frame-Options") == "DENY"
+    css = c.get("/static/style.css")
+    assert css.status == 200 and css.header("Content-Type").startswith("text/css")
+    assert "<script" not in c.get("/").body  # no script at all, inline or not
+    assert c.get("/nowhere").status == 404
+    assert c.post("/", {}).status == 405 and c.get("/unlock").status == 405
+
+
+def test_locks_page_filters_by_actor_state_and_digest_prefix(app):
+    env, _, sent = app
+    c = client(env)
+    assert {row[2] for row in c.get("/", state="running").rows} == {"sync"}
+    assert {row[2] for row in c.get("/", state="queued").rows} == {"settle", "report", "invoice", HOSTILE_ACTOR}
+    report = c.get("/", actor="report")
+    assert len(report.rows) == 2 and {row[2] for row in report.rows} == {"report"}
+    assert c.get("/", actor="report", state="running").rows == []
+    prefix = digest(sent["settle"])[:6]
+    assert {row[2] for row in c.get("/", digest=prefix).rows} == {"settle"}
+    # The filter form keeps what was asked.
+    (form,) = c.get("/", actor="report").forms
+    assert form.fields["actor"] == "report" and form.action == ROOT + "/"
+    assert c.get("/", state="waiting").status == 400
+    assert "is not a cursor" in c.get("/", cursor="<garbage>").text
+
+
+def test_lock_page_shows_the_record_its_holders_and_what_explain_says(app):
+    env, actors, sent = app
+    c = client(env)
+    page = c.get(f"/locks/{digest(sent['settle'])}")
+    assert page.status == 200
+    (holder,) = page.rows
+    assert holder[0] == sent["settle"].message_id and holder[4] == "queued"
+    assert holder[11] == "yes"  # its message is still in the RedisBroker's queue
+    # What explain says for the same arguments is on the page.
+    on_send = Locks.from_middleware(env.middleware).explain(actors["settle"], "evt_1").on_send
+    assert (
+        on_send.startswith("A new send would be dropped as a duplicate") and on_send.split(" (queued")[0] in page.text
+    )
+    assert enqueue_key("dramatiq-unique", digest(sent["settle"])) in page.text
+    assert f"{sent['settle'].message_id} →" in page.text  # the record as stored
+
+    # The message leaves the broker (acked elsewhere, lost): the page tells, as the orphan reaper would.
+    env.broker.client.hdel(f"{env.broker.namespace}:payments.msgs", sent["settle"].options["redis_message_id"])
+    assert c.get(f"/locks/{digest(sent['settle'])}").rows[0][11] == "no: the orphan reaper frees this place"
+
+    sync = c.get(f"/locks/{next(lock.digest for lock in Locks(env.backend).list(actor='sync'))}")
+    (running,) = sync.rows
+    assert running[4] == "running" and running[9] == env.middleware.liveness.worker_id and running[11] == "–"
+    assert "would be rescheduled to try again in 1m 00s: the run lock is held by message" in sync.text
+
+    two = c.get(f"/locks/{digest(sent['report_a'])}")
+    assert [row[0] for row in two.rows] == [sent["report_a"].message_id, sent["report_b"].message_id]
+    assert "(lock_limit 2)" in two.text.replace("until_executed, ", "")
+    assert c.get(f"/locks/{digest(sent['invoice'])}").rows[0][1] == "invoice"  # the billing prefix
+    gone = c.get(f"/locks/{digest(sent['remind'])}")
+    assert gone.status == 404 and "is held: it is free" in gone.text
+
+
+def test_lock_page_without_the_application_says_what_is_missing(app):
+    env, _, sent = app
+    c = Client(make_wsgi_app(env.backend), script_name=ROOT)
+    page = c.get(f"/locks/{digest(sent['settle'])}")
+    assert page.status == 200 and page.rows[0][11] == "–"
+    assert "does not know the actors' options" in page.text
+
+
+def test_workers_page_shows_live_workers_from_the_heartbeat_registry(app):
+    env, _, _ = app
+    page = client(env).get("/workers")
+    workers = {row[0]: row for row in page.rows}
+    row = workers[env.middleware.liveness.worker_id]
+    assert row[1] == "dramatiq-unique, billing" and row[2] == "alive" and row[5].endswith(" ago")
+    # A worker that stopped heartbeating is shown lapsed.
+    env.backend.heartbeat("dramatiq-unique:workers", "dead-host:1:0", ttl=1)
+    time.sleep(0.01)
+    lapsed = {row[0]: row for row in client(env).get("/workers").rows}["dead-host:1:0"]
+    assert lapsed[2].startswith("lapsed ")
+
+
+def test_hostile_names_and_arguments_are_escaped(app):
+    env, actors, sent = app
+    c = client(env, allow_unlock=True)
+    pages = [
+        c.get("/"),
+        c.get(f"/locks/{digest(sent['hostile'])}"),
+        c.get("/", actor=HOSTILE_ACTOR, digest=SCRIPT),
+        c.get("/", actor='"><script>alert(1)</script>'),
+        c.get("/locks/<img src=x onerror=alert(1)>"),
+    ]
+    for page in pages:
+        assert "<script" not in page.body and "<b>" not in page.body and "<img" not in page.body
+    assert HOSTILE_ACTOR in pages[0].text  # shown as text
+    assert "o&#39;brien &#34;&lt;b&gt;quoted&lt;/b&gt;&#34;" in pages[0].body
+    assert pages[4].status == 404 and "<img src=x onerror=alert(1)>" in pages[4].text
+    # The unlock-all form carries the hostile name intact, as a value.
+    (unlock_all,) = [f for f in c.get("/", actor=HOSTILE_ACTOR).post_forms if f.action == ROOT + "/unlock-actor"]
+    assert unlock_all.fields["actor"] == HOSTILE_ACTOR
+    freed = c.submit(unlock_all)
+    assert freed.status == 200 and freed.rows[0][2] == HOSTILE_ACTOR
+    assert "<b>" not in freed.body and env.is_free(digest(sent["hostile"]))
+
+
+def test_unlock_is_refused_unless_allowed_authorized_and_sent_with_the_csrf_token(app):
+    env, _, sent = app
+    settle = digest(sent["settle"])
+    form = {"digest": settle}
+
+    # Read-only by default: no button, and a POST is refused even with a token from elsewhere.
+    read_only = client(env)
+    assert read_only.get(f"/locks/{settle}").post_forms == []
+    allowed = client(env, allow_unlock=True)
+    token = allowed.get(f"/locks/{settle}").post_forms[0].fields["csrf"]
+    read_only.cookies = dict(allowed.cookies)
+    refused = read_only.post("/unlock", {**form, "csrf": token})
+    assert refused.status == 403 and "read-only" in refused.text
+
+    # authorize says no: no button, and a POST is refused.
+    denied = client(env, allow_unlock=True, authorize=lambda environ: environ.get("HTTP_X_ROLE") == "admin")
+    assert denied.get(f"/locks/{settle}").post_forms == []
+    denied.cookies = dict(allowed.cookies)
+    assert denied.post("/unlock", {**form, "csrf": token}).status == 403
+
+    # Allowed and authorized, but without the token, with a wrong one, without its cookie, from another origin.
+    assert allowed.post("/unlock", form).status == 403
+    assert allowed.post("/unlock", {**form, "csrf": "0" * 64}).status == 403
+    other = client(env, allow_unlock=True)  # another app's secret: its cookie and token do not match ours
+    other_token = other.get("/").post_forms or other.get(f"/locks/{settle}").post_forms
+    assert allowed.post("/unlock", {**form, "csrf": other_token[0].fields["csrf"]}).status == 403
+    cookieless = Client(allowed.app, script_name=ROOT)
+    assert "CSRF token" in cookieless.post("/unlock", {**form, "csrf": token}).text
+    assert allowed.post("/unlock", {**form, "csrf": token}, Origin="https://evil.example").status == 403
+    assert Locks(env.backend).get(settle)  # nothing of all that freed it
+
+    # With everything right, it is freed.
+    freed = allowed.post("/unlock", {**form, "csrf": token}, Origin="http://ops.example.com")
+    assert freed.status == 200 and "Freed 1 place(s) in 1 lock(s)" in freed.text
+    assert freed.rows[0][5] == sent["settle"].message_id
+    assert Locks(env.backend).get(settle) == ()
+
+
+def test_unlock_one_holder_one_lock_and_all_of_an_actor_answers_with_what_it_freed(app):
+    env, _, sent = app
+    c = client(env, allow_unlock=True, authorize=lambda environ: True)
+    report = digest(sent["report_a"])
+    page = c.get(f"/locks/{report}")
+    holder_forms = [f for f in page.post_forms if "unlock-holder" in f.buttons]
+    assert [f.fields["message_id"] for f in holder_forms] == [sent["report_a"].message_id, sent["report_b"].message_id]
+    assert all(f.action == ROOT + "/unlock" and len(f.fields["csrf"]) == 64 for f in page.post_forms)
+
+    one = c.submit(holder_forms[0])
+    assert "Freed 1 place(s) in 1 lock(s)" in one.text and one.rows[0][5] == sent["report_a"].message_id
+    assert [row[0] for row in c.get(f"/locks/{report}").rows] == [sent["report_b"].message_id]
+    # The same form again frees nothing, and says so.
+    assert "Nothing was freed" in c.submit(holder_forms[0]).text
+
+    (lock_form,) = [f for f in c.get(f"/locks/{digest(sent['invoice'])}").post_forms if "unlock-lock" in f.buttons]
+    whole = c.submit(lock_form)
+    assert whole.rows[0][2] == "invoice" and c.get(f"/locks/{digest(sent['invoice'])}").status == 404
+
+    (actor_form,) = [f for f in c.get("/", actor="report").post_forms if "unlock-actor" in f.buttons]
+    assert "Freed 1 place(s) in 1 lock(s)" in c.submit(actor_form).text
+    assert c.get("/", actor="report").rows == []
+    assert env.is_free(report)
+
+
+def test_the_locks_page_shows_the_lock_activity_of_the_last_hour(app):
+    env, _, _ = app
+    env.middleware.activity.flush()
+    page = client(env).get("/")
+    activity = {row[0]: row for row in page.rows if row[0] in ("settle", "report")}
+    assert "Lock activity of the last hour" in page.text
+    assert activity["report"][1] == "2"  # acquired twice: the first column
+
+
+def test_the_page_needs_jinja2_and_says_which_extra_brings_it():
+    code = "import sys; sys.modules['jinja2'] = None; import dramatiq_unique.web"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1 and "pip install 'dramatiq-unique[web]'" in done.stderr
+
+
+# Paging over 100,000 locks ---------------------------------------------------------
+
+LOCKS = 100_000
+
+
+def create_locks(backend: RedisBackend, count: int) -> None:
+    """Locks in the current record format, through RedisBackend's own acquire script, pipelined."""
+    pipe = backend.client.pipeline(transaction=False)
+    for i in range(count):
+        holder = Holder(
+            message_id=f"m{i}", actor=f"actor{i % 7}", queue="default", lock="until_executed", state="queued"
+        )
+        backend._acquire(
+            keys=[enqueue_key("dramatiq-unique", f"{i:064x}")], args=[f"m{i}", 1, 0, 0, holder.to_json()], client=pipe
+        )
+        if i % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+
+
+def commands_of(redis_client, call) -> int:
+    """How many Redis commands ``call`` makes the server run (those its scripts run included)."""
+    redis_client.config_resetstat()
+    call()
+    stats = redis_client.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config"))
+
+
+@pytest.mark.slow
+def test_paging_over_100000_locks_does_bounded_work_per_page(redis_client):
+    backend = RedisBackend(client=redis_client)
+    started = time.monotonic()
+    create_locks(backend, LOCKS)
+    print(f"created {LOCKS} locks in {time.monotonic() - started:.1f}s")
+    assert redis_client.dbsize() == LOCKS
+    c = Client(make_wsgi_app(backend), script_name=ROOT)
+
+    pages, costs, seen = [c.get("/")], [], set()
+    costs.append(commands_of(redis_client, lambda: pages.append(c.get("/"))))
+    for _ in range(20):
+        next_url = next(link for link in pages[-1].parsed.links if "cursor=" in link)
+        costs.append(commands_of(redis_client, lambda url=next_url: pages.append(c.get(url))))
+    for page in pages[1:]:
+        assert page.status == 200 and len(page.rows) == 50
+        seen.update(row[5] for row in page.rows)
+    assert len(seen) == 50 * 21  # every page its own locks
+    # A filter that matches nothing still answers after a bounded part of the locks, with a next page.
+    empty = []
+    costs.append(commands_of(redis_client, lambda: empty.append(c.get("/", actor="nobody"))))
+    assert empty[0].rows == [] and any("cursor=" in link for link in empty[0].parsed.links)
+    # A page reads at most 5 scan steps of about 100 keys: SCAN, TIME and one HGETALL per key,
+    # plus the activity of the last hour (TIME and 60 HGETALL); nothing grows with the 100,000 locks.
+    print("commands per page:", costs)
+    assert max(costs) <= 5 * (2 + 2 * 100) + 61
