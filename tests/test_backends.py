@@ -614,3 +614,77 @@ def test_places_an_earlier_version_recorded_still_count(redis_backend):
     assert (taken.acquired, taken.replaced) == (True, "m1")
     assert redis_backend.release_record(RUN_KEY, "t1", run.record)
     assert redis_backend.acquire(RUN_KEY, "t2", limit=1, ttl=None, holder=holder("m1", "running")).acquired
+
+
+def actors_of(records) -> dict:
+    return {r.owner: (r.holder.get("actor"), r.holder.get("queue"), r.holder.get("message_id")) for r in records}
+
+
+def test_shared_names_follow_the_holders_of_different_actors(backend):
+    # Issue 11 (review2): holders of several actors in one lock (unique_across_actors) keep their
+    # own actor after the holder that set the lock's names left, after every place lapsed, and
+    # beside a holder with no compact form; what was read is still what release_records frees.
+    def take(owner: str, actor: str, ttl: int = 60_000) -> None:
+        taken = backend.acquire(
+            KEY, owner, limit=4, ttl=ttl, holder=Holder(owner, actor, "q", "until_executed", "queued")
+        )
+        assert taken.acquired
+
+    take("m1", "X")
+    take("m2", "Y")
+    take("m3", "X")
+    backend.release(KEY, "m1")
+    assert actors_of(backend.read([KEY])[1]) == {"m2": ("Y", "q", "m2"), "m3": ("X", "q", "m3")}
+    backend.release(KEY, "m3")
+    take("m4", "Z")
+    backend.release(KEY, "m2")
+    take("m5", "Z")
+    assert actors_of(scan_all(backend)) == {"m4": ("Z", "q", "m4"), "m5": ("Z", "q", "m5")}
+    backend.release(KEY, "m4")
+    backend.release(KEY, "m5")
+    take("m6", "X", ttl=30)
+    time.sleep(0.06)
+    take("j", "a|b")  # no compact form: the first live holder sets no names
+    take("m7", "Y")
+    take("m8", "X")
+    expected = {"j": ("a|b", "q", "j"), "m7": ("Y", "q", "m7"), "m8": ("X", "q", "m8")}
+    assert actors_of(scan_all(backend)) == expected
+    _, records = backend.read([KEY])
+    assert actors_of(records) == expected
+    assert sorted(backend.release_records(KEY, {r.owner: r.record for r in records})) == ["j", "m7", "m8"]
+
+
+@pytest.mark.parametrize("message_id", ["a|b|c", "|", "ü✓😀", "{x", "x" * 2000])
+def test_odd_message_ids_and_names_are_read_back_and_meet_their_earlier_attempt(backend, message_id):
+    # Issue 11 (review2): a run lock's message_id (not its owner) with '|', unicode or 2,000
+    # characters, an actor in unicode and a long queue: the redelivery still meets its earlier
+    # attempt, every reader gives the same place back, and the unlock frees it.
+    running = Holder(message_id, "café😀", "q" * 500, "while_executing", "running", worker_id="h:1:ab")
+    assert backend.acquire(RUN_KEY, "t1", limit=2, ttl=60_000, holder=running).acquired
+    again = backend.acquire(RUN_KEY, "t2", limit=2, ttl=60_000, holder=running)
+    assert (again.acquired, again.holders) == (False, (message_id,))
+    assert backend.acquire(RUN_KEY, "t3", limit=1, ttl=60_000, holder=holder("other")).holders == (message_id,)
+    (scanned,) = scan_all(backend)
+    (read,) = backend.read([RUN_KEY])[1]
+    assert scanned.holder == read.holder == json.loads(running.to_json())
+    assert scanned.record == read.record
+    assert backend.release_records(RUN_KEY, {"t1": read.record}) == ["t1"]
+    assert backend.acquire(RUN_KEY, "t4", limit=1, ttl=60_000, holder=running).acquired
+
+
+def test_an_earlier_versions_place_beside_compact_ones(redis_backend):
+    # Issue 11 (review2): a lock whose first holder is an earlier version's place (no names) takes
+    # compact holders, which keep their actor when that place leaves and when one is claimed.
+    client = redis_backend.client
+    seconds, micros = client.time()
+    now = seconds * 1000 + micros // 1000
+    client.hset(KEY, mapping={"fence": now * 1000, "m1": f"|{now * 1000}|{now}|{OLD_QUEUED}"})
+    for owner in ("m2", "m3"):
+        assert redis_backend.acquire(KEY, owner, limit=3, ttl=None, holder=holder(owner)).acquired
+    assert redis_backend.release(KEY, "m1")
+    expected = {"m2": ("settle", "payments", "m2"), "m3": ("settle", "payments", "m3")}
+    assert actors_of(redis_backend.read([KEY])[1]) == expected
+    claimed = redis_backend.claim(KEY, "m2", replaced_key=REPLACED_KEY, release=False, holder=holder("m2", "running"))
+    assert claimed == "held"
+    assert actors_of(scan_all(redis_backend)) == expected
+    assert {r.owner: r.holder["state"] for r in scan_all(redis_backend)} == {"m2": "running", "m3": "queued"}
