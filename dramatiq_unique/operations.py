@@ -460,8 +460,9 @@ class Locks:
 
     def release(self, locks: Iterable[LockInfo]) -> tuple[LockInfo, ...]:
         """Free the holders of ``locks`` as they were read: each place only
-        while it is still exactly as read, so a holder that renewed, re-entered
-        or took the lock since keeps its place.
+        while it is still exactly as read, so a holder that renewed or took the
+        lock since keeps its place (a re-entry keeps it when it changed the
+        place's expiry or broker id).
 
         A freed message is not stopped nor removed from its queue: a queued
         one still runs, a running one goes on, and a duplicate can now be sent.
