@@ -4,7 +4,8 @@ Each process counts the lock events of its messages in memory, per minute,
 actor and kind of event; the heartbeat thread of a worker adds them to the
 backend once per heartbeat interval, in one round trip, and never on a
 message's path. A process without a worker (one that only sends) flushes
-from a thread of its own at the same interval, while it has counts.
+from a thread of its own at the same interval, while it has counts, and
+once more at exit.
 
 Each minute is one hash ``<prefix>:activity:{activity}:<minute>`` whose
 fields are ``<actor>|<event kind>``, kept for :data:`ACTIVITY_RETENTION`.
@@ -14,6 +15,7 @@ Cluster too. :func:`read_activity` reads them back.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -83,6 +85,9 @@ class ActivityCounter:
         # the parent's mutex may have been held by one of its threads at the fork.
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _reset_after_fork(ref))
+        # The thread of its own is a daemon: without this, a process that sends and exits
+        # would lose what it counted since its last flush.
+        atexit.register(_close_at_exit, ref)
 
     def __call__(self, event: LockEvent) -> None:
         key = (self._now() // MINUTE, event.actor_name, event.kind)
@@ -135,11 +140,14 @@ class ActivityCounter:
     def _run(self) -> None:
         # Stops once a heartbeat thread flushes, or nothing is left to flush;
         # the next event starts it again if need be.
+        # It gives its slot up in the same critical section where it decides to end:
+        # an event just after then starts a new thread, instead of counting on this one.
         while not self._closed.wait(self.interval / 1000):
             self.flush()
             with self._mutex:
                 if not self._counts or self.flushed_elsewhere():
-                    break
+                    self._thread = None
+                    return
         with self._mutex:
             self._thread = None
 
@@ -147,6 +155,12 @@ class ActivityCounter:
         self._mutex = threading.Lock()
         self._counts = {}
         self._thread = None
+
+
+def _close_at_exit(ref: weakref.ref[ActivityCounter]) -> None:
+    counter = ref()
+    if counter is not None:
+        counter.close()
 
 
 def _reset_after_fork(ref: weakref.ref[ActivityCounter]) -> None:

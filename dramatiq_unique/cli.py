@@ -110,10 +110,10 @@ class Context:
       args(Namespace): The parsed command line.
       out(TextIO): Where results go.
       err(TextIO): Where prompts and notes go.
-      stdin(TextIO): Where confirmations come from.
+      stdin(TextIO): Where confirmations come from; ``None`` when it is closed.
     """
 
-    def __init__(self, args: argparse.Namespace, *, out: TextIO, err: TextIO, stdin: TextIO):
+    def __init__(self, args: argparse.Namespace, *, out: TextIO, err: TextIO, stdin: TextIO | None):
         self.args = args
         self.out = out
         self.err = err
@@ -159,6 +159,10 @@ class Context:
     def confirm(self, question: str) -> bool:
         """Ask on the terminal (stderr) and read the answer from stdin; no answer is a no."""
         print(f"{question} [y/N] ", end="", file=self.err, flush=True)
+        # With stdin closed (``<&-``), Python's sys.stdin is None: nobody can answer.
+        if self.stdin is None or self.stdin.closed:
+            print(file=self.err)
+            return False
         answer = self.stdin.readline()
         if not self.stdin.isatty():
             print(file=self.err)  # nobody typed the answer, and so ended the line
@@ -646,6 +650,8 @@ def _positive(value: str) -> int:
 def _json_argument(value: str, kind: type, problem: str) -> Any:
     try:
         parsed = json.loads(value)
+    except RecursionError:  # nested deeper than the parser goes
+        raise CommandError(f"{problem}: it is nested too deeply.", RET_USAGE) from None
     except ValueError as e:
         raise CommandError(f"{problem}: {e}.", RET_USAGE) from None
     if not isinstance(parsed, kind):
@@ -703,7 +709,10 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="import MODULE or MODULE:BROKER as the dramatiq command does, and use its UniqueJobs: its backend, "
         "every lock prefix its actors use, and its broker for reap",
     )
-    parser.add_argument("--path", "-P", default=["."], nargs="*", help="the module import path (default: .)")
+    # One path per option: nargs="*" would take the subcommand's name for a path too.
+    parser.add_argument(
+        "--path", "-P", action="append", metavar="PATH", help="a module import path, repeated for several (default: .)"
+    )
     parser.add_argument("--version", action="version", version=__version__)
     subparsers = parser.add_subparsers(metavar="COMMAND", required=True)
     for declare in SUBCOMMANDS:
@@ -714,7 +723,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns its exit code."""
     args = make_argument_parser().parse_args(argv)
-    for path in args.path:
+    for path in args.path or ["."]:
         sys.path.insert(0, path)
     run: Run = args.run
     try:

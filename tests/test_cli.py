@@ -427,3 +427,39 @@ def test_stats_counts_the_lock_events_of_the_last_minutes(app, redis_url):
     assert build[header.index("CONFLICT")] == "1"
 
     assert_error(cli("--url", redis_url, "stats", "--minutes", "999"), RET_USAGE)
+
+
+def test_unlock_all_with_stdin_closed_is_not_confirmed(app, redis_url):
+    # review3: with stdin closed (`<&-`, a cron job) Python's sys.stdin is None.
+    result = subprocess.run(
+        f"exec {sys.executable} -m dramatiq_unique --url {redis_url} unlock --actor build_report --all <&-",
+        shell=True,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in URL_VARIABLES},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == RET_ABORTED, result.stderr
+    assert result.stdout == "Nothing was freed.\n"
+    assert "Traceback" not in result.stderr
+    assert len(json.loads(ok(cli("--url", redis_url, "list", "--actor", "build_report", "--json")))[0]["holders"]) == 2
+
+
+def test_explain_with_deeply_nested_json_arguments_is_a_usage_error(redis_url):
+    # review3: json.loads raises RecursionError, not ValueError, past ~1000 levels.
+    line = assert_error(
+        cli(
+            "--url", redis_url, "explain", "tests.cli_app:settle_payment", "[" * 100_000, env={"CLI_APP_URL": redis_url}
+        ),
+        RET_USAGE,
+    )
+    assert "ARGS_JSON must be a JSON array" in line
+
+
+def test_path_before_the_subcommand_leaves_the_subcommand_alone(tmp_path, redis_url):
+    # review3: --path took every word after it, the subcommand's name too.
+    (tmp_path / "path_app.py").write_text("")
+    assert ok(cli("-P", str(tmp_path), "--url", redis_url, "list")).startswith("No locks are held")
+    assert ok(cli("--url", redis_url, "-P", str(tmp_path), "list")).startswith("No locks are held")
+    assert ok(cli("--url", redis_url, "-P", str(tmp_path), "-P", ".", "list")).startswith("No locks are held")

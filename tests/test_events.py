@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -439,3 +441,82 @@ def test_a_process_without_a_worker_flushes_from_a_thread_of_its_own():
 def test_read_activity_refuses_a_number_of_minutes_it_does_not_keep(minutes):
     with pytest.raises(ValueError, match=rf"minutes={minutes!r}: it must be an integer from 1 to 360"):
         read_activity(StubBackend(), minutes=minutes)
+
+
+SENDER = """
+import sys
+import dramatiq
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import TimeLimit
+from dramatiq_unique import RedisBackend, UniqueJobs
+
+broker = StubBroker()
+broker.add_middleware(UniqueJobs(backend=RedisBackend(url=sys.argv[1])), before=TimeLimit)
+
+@dramatiq.actor(broker=broker, lock="until_executed")
+def settle(event_id):
+    pass
+
+settle.send("e1")
+settle.send("e1")
+"""
+
+
+def test_a_process_that_only_sends_and_exits_keeps_its_counts(redis_url, redis_client):
+    # review3: the thread of its own is a daemon, and nothing flushed at exit, so a short-lived
+    # sender (a script, a cron job) lost every count it made within its last heartbeat interval.
+    subprocess.run([sys.executable, "-c", SENDER, redis_url], check=True, timeout=60)
+    backend = RedisBackend(client=redis_client)
+    assert read_activity(backend, minutes=2).totals() == {"settle": {"acquired": 1, "conflict": 1}}
+
+
+class _WindowAfterRelease:
+    """A lock that runs ``on_release`` once, in the thread that released it, when ``when()`` says so."""
+
+    def __init__(self, when, on_release):
+        self._lock = threading.Lock()
+        self.when, self.on_release, self.done = when, on_release, False
+
+    def __enter__(self):
+        self._lock.acquire()
+
+    def __exit__(self, *exc):
+        fire = not self.done and self.when()
+        self._lock.release()
+        if fire:
+            self.done = True
+            self.on_release()
+
+
+def test_an_event_while_the_senders_thread_ends_is_flushed_all_the_same():
+    # review3: the thread decided to end and cleared its slot in two critical sections; an event
+    # in between saw a thread still there, started none, and its count waited for the next event.
+    backend = StubBackend()
+    counter = ActivityCounter(
+        backend,
+        prefix=PREFIX,
+        clock=lambda: None,
+        flushed_elsewhere=lambda: False,
+        interval=10,
+        logger=logging.getLogger("test"),
+    )
+
+    def late_event():
+        late = threading.Thread(target=counter, args=(event("conflict"),))
+        late.start()
+        late.join()
+
+    # The thread takes the mutex twice per round: to take the counts (flush), then to decide
+    # whether to go on. An event arrives the moment it lets go of the second, having decided to end.
+    releases = []
+
+    def ending() -> bool:
+        if threading.current_thread().name != "dramatiq-unique-activity":  # only its thread takes this mutex
+            return False
+        releases.append(None)
+        return len(releases) == 2
+
+    counter._mutex = _WindowAfterRelease(ending, late_event)  # type: ignore[assignment]
+    counter(event("acquired"))
+    wait_for(lambda: read_activity(backend, minutes=2).totals() == {"settle": {"acquired": 1, "conflict": 1}})
+    counter.close()

@@ -4,14 +4,24 @@ sent with a CSRF token, and pages that do bounded work over 100,000 locks."""
 
 from __future__ import annotations
 
+import http.client
+import os
+import re
+import socket
 import subprocess
 import sys
 import time
+from http.cookies import SimpleCookie
+from pathlib import Path
+from urllib.parse import urlencode
 
+import dramatiq
 import pytest
 from dramatiq import Worker
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import TimeLimit
 
-from dramatiq_unique import Locks, RedisBackend, enqueue_outcome
+from dramatiq_unique import Locks, RedisBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.backends import Holder
 from dramatiq_unique.keys import enqueue_key
 from dramatiq_unique.web import from_middleware, make_wsgi_app
@@ -353,3 +363,64 @@ def test_paging_over_100000_locks_does_bounded_work_per_page(redis_client):
     # plus the activity of the last hour (TIME and 60 HGETALL); nothing grows with the 100,000 locks.
     print("commands per page:", costs)
     assert max(costs) <= 5 * (2 + 2 * 100) + 61
+
+
+# Review findings --------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="review3: dramatiq-unique web answers any Host, so DNS rebinding defeats CSRF")
+def test_the_standalone_server_refuses_a_host_it_does_not_serve(redis_client, redis_url):
+    # A site that rebinds its name to 127.0.0.1 is same-origin with the page for the browser: it
+    # reads the token and sends the cookie, and its Origin matches the Host it sent.
+    broker = StubBroker()
+    broker.add_middleware(UniqueJobs(backend=RedisBackend(client=redis_client)), before=TimeLimit)
+    settle = dramatiq.actor(broker=broker, actor_name="settle", lock="until_executed")(lambda event_id: None)
+    held = digest(settle.send("evt_1"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    environment = {k: v for k, v in os.environ.items() if k not in ("DRAMATIQ_UNIQUE_URL", "REDIS_URL")}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dramatiq_unique", "--url", redis_url, "web", "--allow-unlock", "--port", str(port)],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=environment,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, timeout=20)
+        host = f"rebound.example:{port}"
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("GET", f"/locks/{held}", headers={"Host": host})
+        page = connection.getresponse()
+        body = page.read().decode()
+        cookie = SimpleCookie(page.getheader("Set-Cookie") or "")
+        token = re.search(r'name="csrf" value="([0-9a-f]+)"', body)
+        if token is not None:
+            form = urlencode({"csrf": token.group(1), "digest": held})
+            headers = {
+                "Host": host,
+                "Origin": f"http://{host}",
+                "Cookie": "; ".join(f"{k}={m.value}" for k, m in cookie.items()),
+                "Content-Type": "application/x-www-form-urlencoded",
+            }
+            connection.request("POST", "/unlock", body=form, headers=headers)
+            answer = connection.getresponse()
+            answer.read()
+        assert Locks(RedisBackend(client=redis_client)).get(held), "the rebound site freed the lock"
+        assert page.status in (400, 403), "the page answered a Host it does not serve"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@pytest.mark.xfail(strict=True, reason="review3: SCRIPT_NAME goes into links and the cookie's Path unquoted")
+def test_links_and_the_csrf_cookie_under_a_mount_path_with_special_characters(redis_client):
+    # PEP 3333: SCRIPT_NAME is decoded, and a non-ASCII path arrives as its UTF-8 bytes in latin-1.
+    mount = "/ops/état #1"
+    script_name = mount.encode().decode("latin-1")
+    app = make_wsgi_app(RedisBackend(client=redis_client), allow_unlock=True)
+    page = Client(app, script_name=script_name).get("/")
+    assert page.status == 200
+    quoted = "/ops/%C3%A9tat%20%231"
+    assert page.parsed.links and all(link.startswith(quoted + "/") for link in page.parsed.links)
+    assert f"Path={quoted};" in page.header("Set-Cookie")
