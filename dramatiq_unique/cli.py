@@ -595,6 +595,14 @@ def declare_web(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--allow-unlock", action="store_true", help="show unlock buttons and accept unlocking (POST, CSRF token)"
     )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the page is reached by, besides the listening address, localhost and 127.0.0.1 "
+        "(repeatable); other Host headers are refused",
+    )
     parser.set_defaults(run=run_web)
 
 
@@ -616,6 +624,10 @@ def run_web(context: Context, args: argparse.Namespace) -> int:
         middleware=app.unique if app is not None else None,
     )
     with make_server(args.host, args.port, wsgi_app) as server:
+        # Only the names it is served under: another site's name pointed at this address (DNS
+        # rebinding) would be same-origin with the page for the browser.
+        names = {args.host, "localhost", "127.0.0.1", "[::1]", *args.allowed_host}
+        wsgi_app.allowed_hosts = frozenset(f"{name}:{server.server_port}".lower() for name in names)
         mode = "unlocking allowed" if args.allow_unlock else "read-only"
         print(f"Serving the locks page on http://{args.host}:{server.server_port}/ ({mode}).", file=context.err)
         try:

@@ -368,7 +368,6 @@ def test_paging_over_100000_locks_does_bounded_work_per_page(redis_client):
 # Review findings --------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="review3: dramatiq-unique web answers any Host, so DNS rebinding defeats CSRF")
 def test_the_standalone_server_refuses_a_host_it_does_not_serve(redis_client, redis_url):
     # A site that rebinds its name to 127.0.0.1 is same-origin with the page for the browser: it
     # reads the token and sends the cookie, and its Origin matches the Host it sent.
@@ -413,7 +412,6 @@ def test_the_standalone_server_refuses_a_host_it_does_not_serve(redis_client, re
         server.wait(10)
 
 
-@pytest.mark.xfail(strict=True, reason="review3: SCRIPT_NAME goes into links and the cookie's Path unquoted")
 def test_links_and_the_csrf_cookie_under_a_mount_path_with_special_characters(redis_client):
     # PEP 3333: SCRIPT_NAME is decoded, and a non-ASCII path arrives as its UTF-8 bytes in latin-1.
     mount = "/ops/état #1"
@@ -424,3 +422,39 @@ def test_links_and_the_csrf_cookie_under_a_mount_path_with_special_characters(re
     quoted = "/ops/%C3%A9tat%20%231"
     assert page.parsed.links and all(link.startswith(quoted + "/") for link in page.parsed.links)
     assert f"Path={quoted};" in page.header("Set-Cookie")
+
+
+def test_an_authorize_callable_that_raises_denies_and_the_page_stays_read_only(redis_client, caplog):
+    # It used to escape the application: the server answered a bare 500, without the headers
+    # every answer carries.
+    def authorize(environ):
+        raise RuntimeError("the session store is down")
+
+    app = make_wsgi_app(RedisBackend(client=redis_client), allow_unlock=True, authorize=authorize)
+    client = Client(app)
+    page = client.get("/")
+    assert page.status == 200 and page.post_forms == []
+    assert page.header("Content-Security-Policy").startswith("default-src 'self'")
+    assert "session store" not in page.body
+    assert client.post("/unlock", {"digest": "0" * 64}).status == 403
+    assert any("authorize callable of the locks page failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failure_outside_the_lock_backend_is_a_500_with_the_security_headers(redis_client, monkeypatch, caplog):
+    app = make_wsgi_app(RedisBackend(client=redis_client))
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("something below the page broke")
+
+    monkeypatch.setattr(app.locks, "page", fail)
+    answer = Client(app).get("/")
+    assert answer.status == 500 and answer.header("X-Frame-Options") == "DENY"
+    assert "broke" not in answer.body
+    assert any("The locks page failed" in r.getMessage() for r in caplog.records)
+
+
+def test_an_app_with_allowed_hosts_refuses_other_host_headers(redis_client):
+    app = make_wsgi_app(RedisBackend(client=redis_client), allowed_hosts={"ops.example.com"})
+    assert Client(app).get("/").status == 200
+    refused = Client(app, host="rebound.example").get("/")
+    assert refused.status == 400 and refused.header("X-Frame-Options") == "DENY"

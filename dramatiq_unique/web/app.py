@@ -9,6 +9,7 @@ application can be mounted under any path.
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -23,7 +24,7 @@ from ..liveness import registry_key
 from ..operations import QUEUED, STATES, HolderInfo, LockInfo, Locks, format_duration
 from ..options import DEFAULT_LOCK_PREFIX
 from ..reaper import locator_for
-from .security import SECURITY_HEADERS, Csrf
+from .security import SECURITY_HEADERS, Csrf, mount_path
 
 try:
     import jinja2
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from dramatiq import Broker
 
     from ..middleware import UniqueJobs
+
+_logger = logging.getLogger(__name__)
 
 #: Decides whether a request may unlock: called with the WSGI environ.
 Authorize = Callable[["WSGIEnvironment"], bool]
@@ -78,7 +81,7 @@ class Request:
         self.environ = environ
         self.method = environ.get("REQUEST_METHOD", "GET").upper()
         self.path: str = str(environ.get("PATH_INFO", "")) or "/"
-        self.root: str = str(environ.get("SCRIPT_NAME", "")).rstrip("/")
+        self.root: str = mount_path(environ).rstrip("/")
         self.query = {k: v[0] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
         self._form: dict[str, str] | None = None
 
@@ -119,6 +122,10 @@ class LocksWebApp:
         a new send would meet and how old a worker's heartbeat is.
       secret(bytes): The key of the CSRF tokens; random per application when
         ``None``. Give every process serving the page the same one.
+      allowed_hosts(Iterable[str]): The ``Host`` headers (``name:port``) the
+        page answers; ``None`` for any, when the web application it is mounted
+        in checks them. A page that answers any host can be read, and with
+        ``allow_unlock`` used, by a site whose name is made to point at it.
     """
 
     def __init__(
@@ -130,8 +137,10 @@ class LocksWebApp:
         broker: Broker | None = None,
         middleware: UniqueJobs | None = None,
         secret: bytes | None = None,
+        allowed_hosts: Iterable[str] | None = None,
     ):
         self.locks = locks
+        self.allowed_hosts = None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
         self.allow_unlock = allow_unlock
         self.authorize = authorize
         self.broker = broker
@@ -147,6 +156,8 @@ class LocksWebApp:
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         request = Request(environ)
         try:
+            if self.allowed_hosts is not None and str(environ.get("HTTP_HOST", "")).lower() not in self.allowed_hosts:
+                raise HTTPError(400, "This page is not served under that host name.")
             response = self._dispatch(request)
         except HTTPError as e:
             response = self._render(request, "error.html", status=e.status, message=e.message)
@@ -154,6 +165,11 @@ class LocksWebApp:
         except LockBackendError as e:
             # The backend's errors name a host and port at most, never a password.
             response = self._render(request, "error.html", status=503, message=str(e))
+        except Exception:
+            # E.g. an authorize callable or the broker's Redis failing: the answer still
+            # carries the security headers, and says nothing of the cause.
+            _logger.exception("The locks page failed to answer %s %s.", request.method, request.path)
+            response = self._render(request, "error.html", status=500, message="The page failed; see the server's log.")
         body = response.body.encode()
         headers = [
             ("Content-Type", response.content_type),
@@ -303,7 +319,16 @@ class LocksWebApp:
     # Helpers -----------------------------------------------------------------
 
     def _authorized(self, request: Request) -> bool:
-        return self.allow_unlock and (self.authorize is None or self.authorize(request.environ) is True)
+        if not self.allow_unlock:
+            return False
+        if self.authorize is None:
+            return True
+        try:
+            return self.authorize(request.environ) is True
+        except Exception:
+            # A failing authorize denies: the page stays read-only for this request.
+            _logger.exception("The authorize callable of the locks page failed; the request may not unlock.")
+            return False
 
     def _in_broker(self, locks: Iterable[LockInfo]) -> dict[tuple[str, str], bool]:
         """For each queued holder of an enqueue lock, whether its message is still in the broker (where it can tell)."""
@@ -348,6 +373,7 @@ def make_wsgi_app(
     authorize: Authorize | None = None,
     broker: Broker | None = None,
     secret: bytes | None = None,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> LocksWebApp:
     """The web page of the locks in ``backend``, as a WSGI application.
 
@@ -361,12 +387,21 @@ def make_wsgi_app(
       broker(Broker): The broker, to tell whether a queued message is still in it.
       secret(bytes): The key of the CSRF tokens, the same in every process
         serving the page; random when ``None``.
+      allowed_hosts(Iterable[str]): The ``Host`` headers it answers; ``None``
+        for any (leave the check to the application it is mounted in).
 
     Raises:
       ImportError: If Jinja2 is not installed (the ``web`` extra).
     """
     locks = Locks(backend, lock_prefix=lock_prefix, actor_prefixes=actor_prefixes, batch=SCAN_BATCH)
-    return LocksWebApp(locks, allow_unlock=allow_unlock, authorize=authorize, broker=broker, secret=secret)
+    return LocksWebApp(
+        locks,
+        allow_unlock=allow_unlock,
+        authorize=authorize,
+        broker=broker,
+        secret=secret,
+        allowed_hosts=allowed_hosts,
+    )
 
 
 def from_middleware(
@@ -376,6 +411,7 @@ def from_middleware(
     authorize: Authorize | None = None,
     broker: Broker | None = None,
     secret: bytes | None = None,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> LocksWebApp:
     """The web page of the locks of ``unique_jobs``, under every lock prefix
     its actors use; it also says what a new send would meet, from the actors'
@@ -387,6 +423,7 @@ def from_middleware(
         broker=broker,
         middleware=unique_jobs,
         secret=secret,
+        allowed_hosts=allowed_hosts,
     )
 
 

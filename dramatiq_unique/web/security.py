@@ -13,6 +13,7 @@ import hmac
 import secrets
 from http.cookies import SimpleCookie
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -66,7 +67,7 @@ class Csrf:
 
     def cookie(self, nonce: str, environ: WSGIEnvironment) -> tuple[str, str]:
         """The Set-Cookie header that keeps ``nonce`` for the page's path."""
-        path = environ.get("SCRIPT_NAME", "") or "/"
+        path = mount_path(environ) or "/"
         value = f"{CSRF_COOKIE}={nonce}; Path={path}; HttpOnly; SameSite=Strict"
         if environ.get("wsgi.url_scheme") == "https":
             value += "; Secure"
@@ -81,6 +82,14 @@ class Csrf:
         if nonce is None or not token:
             return False
         return hmac.compare_digest(self.token(nonce), token)
+
+
+def mount_path(environ: WSGIEnvironment) -> str:
+    """``SCRIPT_NAME`` as a browser sends it: percent-encoded, so it is safe in
+    links and in a cookie's ``Path`` (no ``;`` or ``,`` to end the attribute)."""
+    # PEP 3333: the path arrives decoded, its UTF-8 bytes read as latin-1.
+    raw = str(environ.get("SCRIPT_NAME", "")).encode("latin-1", "replace")
+    return quote(raw, safe="/")
 
 
 def own_origin(environ: WSGIEnvironment) -> str:
