@@ -226,7 +226,11 @@ def import_app(value: str) -> App:
     """The broker of ``module`` (Dramatiq's global broker once it is imported), or of ``module:broker``."""
     _, found = import_object(value)
     if callable(found) and not isinstance(found, Broker):
-        found()
+        try:
+            found()
+        except Exception as e:
+            problem = redact(f"{type(e).__name__}: {e}", [os.environ.get(name) for name in URL_VARIABLES])
+            raise CommandError(f"{value!r} failed: {problem}", RET_IMPORT) from None
         found = None
     broker = found if found is not None else dramatiq.get_broker()
     if not isinstance(broker, Broker):

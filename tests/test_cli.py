@@ -371,6 +371,9 @@ def test_errors_are_one_line_with_distinct_exit_codes_and_no_secret(tmp_path, re
         cli("--url", redis_url, "explain", "tests.cli_app:event_of", env={"CLI_APP_URL": redis_url}), RET_IMPORT
     )
     assert "is not a Dramatiq actor" in line
+    (tmp_path / "factory_app.py").write_text("def make_broker():\n    raise RuntimeError('no settings')\n")
+    line = assert_error(cli("--path", str(tmp_path), "--app", "factory_app:make_broker", "list"), RET_IMPORT)
+    assert line.endswith("'factory_app:make_broker' failed: RuntimeError: no settings")
     codes.add(RET_IMPORT)
 
     assert_error(
