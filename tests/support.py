@@ -213,3 +213,49 @@ def unique_warnings(caplog) -> list[str]:
     return [
         r.getMessage() for r in caplog.records if r.name.startswith("dramatiq_unique") and r.levelno >= logging.WARNING
     ]
+
+
+def declare_small_app(env: Env, gate: Gate) -> dict[str, Any]:
+    """The actors of a small application with locks of every kind (the operations and web tests);
+    the sync actor waits at ``gate``."""
+    actors = {}
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_args_method=lambda event_id, payload=None: [event_id])
+    def settle(event_id, payload=None):
+        pass
+
+    @env.actor(queue_name="sync", lock="while_executing", on_conflict="reschedule", reschedule_delay=60_000)
+    def sync(account_id):
+        gate.enter(account_id)
+
+    @env.actor(queue_name="reports", lock="until_executed", lock_limit=2)
+    def report(day):
+        pass
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_prefix="billing")
+    def invoice(number):
+        pass
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_ttl=50)
+    def remind(number):
+        pass
+
+    @env.actor(queue_name="payments", lock="until_executing", on_conflict={"client": "replace"})
+    def refresh(key):
+        pass
+
+    @env.actor(queue_name="payments")
+    def plain(x):
+        pass
+
+    for actor in (settle, sync, report, invoice, remind, refresh, plain):
+        actors[actor.actor_name] = actor
+    return actors
+
+
+def run_sync_worker(env: Env) -> Worker:
+    """A worker that runs only the sync queue, so the other locks stay queued."""
+    worker = Worker(env.broker, worker_timeout=100, worker_threads=2, queues={"sync"})
+    worker.start()
+    env.workers.append(worker)
+    return worker

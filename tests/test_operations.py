@@ -7,64 +7,19 @@ from __future__ import annotations
 import time
 
 import pytest
-from dramatiq import Worker
 
 from dramatiq_unique import LockArgumentsError, Locks, enqueue_outcome
 
-from .support import Gate, wait_for
+from .support import Gate, declare_small_app, run_sync_worker, wait_for
 
 pytestmark = pytest.mark.parametrize("env", ["stub", "redis", "cluster"], indirect=True)
-
-
-def declare(env, gate):
-    """The actors of a small application, and a worker that runs only the sync queue."""
-    actors = {}
-
-    @env.actor(queue_name="payments", lock="until_executed", lock_args_method=lambda event_id, payload=None: [event_id])
-    def settle(event_id, payload=None):
-        pass
-
-    @env.actor(queue_name="sync", lock="while_executing", on_conflict="reschedule", reschedule_delay=60_000)
-    def sync(account_id):
-        gate.enter(account_id)
-
-    @env.actor(queue_name="reports", lock="until_executed", lock_limit=2)
-    def report(day):
-        pass
-
-    @env.actor(queue_name="payments", lock="until_executed", lock_prefix="billing")
-    def invoice(number):
-        pass
-
-    @env.actor(queue_name="payments", lock="until_executed", lock_ttl=50)
-    def remind(number):
-        pass
-
-    @env.actor(queue_name="payments", lock="until_executing", on_conflict={"client": "replace"})
-    def refresh(key):
-        pass
-
-    @env.actor(queue_name="payments")
-    def plain(x):
-        pass
-
-    for actor in (settle, sync, report, invoice, remind, refresh, plain):
-        actors[actor.actor_name] = actor
-    return actors
-
-
-def run_sync_worker(env):
-    worker = Worker(env.broker, worker_timeout=100, worker_threads=2, queues={"sync"})
-    worker.start()
-    env.workers.append(worker)
-    return worker
 
 
 @pytest.fixture
 def app(env):
     """Locks in every state: queued, running, lapsed, two holders of one digest, another prefix."""
     gate = Gate()
-    actors = declare(env, gate)
+    actors = declare_small_app(env, gate)
     sent = {
         "settle": actors["settle"].send("evt_1", {"amount": 100}),
         "report_a": actors["report"].send("2024-01-01"),

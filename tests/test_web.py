@@ -17,7 +17,6 @@ from urllib.parse import urlencode
 
 import dramatiq
 import pytest
-from dramatiq import Worker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import TimeLimit
 
@@ -26,7 +25,7 @@ from dramatiq_unique.backends import Holder
 from dramatiq_unique.keys import enqueue_key
 from dramatiq_unique.web import from_middleware, make_wsgi_app
 
-from .support import Gate, wait_for
+from .support import Gate, declare_small_app, run_sync_worker, wait_for
 from .web_client import Client
 
 ROOT = "/ops/locks"
@@ -40,31 +39,14 @@ def app(redis_env):
     lapsed, two holders of one digest (lock_limit=2), an actor's own prefix, a hostile actor name."""
     env, gate = redis_env, Gate()
 
-    @env.actor(queue_name="payments", lock="until_executed", lock_args_method=lambda event_id, payload=None: [event_id])
-    def settle(event_id, payload=None):
-        pass
-
-    @env.actor(queue_name="sync", lock="while_executing", on_conflict="reschedule", reschedule_delay=60_000)
-    def sync(account_id):
-        gate.enter(account_id)
-
-    @env.actor(queue_name="reports", lock="until_executed", lock_limit=2)
-    def report(day):
-        pass
-
-    @env.actor(queue_name="payments", lock="until_executed", lock_prefix="billing")
-    def invoice(number):
-        pass
-
-    @env.actor(queue_name="payments", lock="until_executed", lock_ttl=50)
-    def remind(number):
-        pass
+    actors = declare_small_app(env, gate)
+    settle, sync, report, invoice, remind = (actors[name] for name in ("settle", "sync", "report", "invoice", "remind"))
 
     @env.actor(queue_name="payments", lock="until_executed", actor_name=HOSTILE_ACTOR)
     def hostile(text):
         pass
 
-    actors = {a.actor_name: a for a in (settle, sync, report, invoice, remind, hostile)}
+    actors = {a.actor_name: a for a in (settle, sync, report, invoice, remind, hostile)}  # the ones it shows
     sent = {
         "settle": settle.send("evt_1", {"amount": 100}),
         "report_a": report.send("2024-01-01"),
@@ -74,9 +56,7 @@ def app(redis_env):
         "sync": sync.send(42),
         "hostile": hostile.send(SCRIPT),
     }
-    worker = Worker(env.broker, worker_timeout=100, worker_threads=2, queues={"sync"})
-    worker.start()
-    env.workers.append(worker)
+    run_sync_worker(env)
     wait_for(lambda: gate.running.get(42) == 1)
     time.sleep(0.06)  # remind's lock lapses
     yield env, actors, sent
