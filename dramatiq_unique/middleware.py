@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 from dramatiq import Broker, Message, Middleware
 from dramatiq.actor import Actor
 from dramatiq.broker import MessageProxy
-from dramatiq.common import q_name
 from dramatiq.logging import get_logger
 from dramatiq.middleware import Retries, SkipMessage
 
@@ -49,7 +48,7 @@ from .outcome import (
 from .reaper import DEFAULT_REAPER_INTERVAL, Reaper
 from .strategies import CLIENT, SERVER, Conflict, ConflictStrategy
 from .strategies.reject import dead_letter_if_rejected
-from .strategies.reschedule import Reschedule
+from .strategies.reschedule import Reschedule, send_later
 
 #: The options of Dramatiq's Callbacks and Retries that name an actor sent when a message ends.
 _CALLBACK_OPTIONS = ("on_success", "on_failure", "on_retry_exhausted")
@@ -328,13 +327,13 @@ class UniqueJobs(CrashSafety, Middleware):
             if config.lock.locks_at_enqueue:
                 self._reenter(message, config, delay)
             return
-        # Dramatiq's own enqueues have no caller to raise to: an exception would
-        # wedge a consumer or stop a pipeline (L6).
-        internal = self._is_internal_enqueue(broker, message)
+        # Dramatiq's own enqueues (_is_internal_enqueue, asked only on the paths that could
+        # raise) have no caller to raise to: an exception would wedge a consumer or stop a
+        # pipeline (L6).
         try:
             lock = self._lock_for(message, config, outcome)
         except LockArgumentsError as e:
-            if not internal:
+            if not self._is_internal_enqueue(broker, message):
                 # Bad lock arguments fail the send for every lock type (D6).
                 raise LockArgumentsError(f"{e} The message was not enqueued and no lock was taken.") from e.__cause__
             self.logger.error(
@@ -350,7 +349,7 @@ class UniqueJobs(CrashSafety, Middleware):
             lock.emit(BACKEND_ERROR, reason="acquisition at enqueue", error=e)
             # The script may have run and only its answer been lost: give the place back.
             lock.forget_enqueue_after_failure()
-            if internal and self.on_backend_error != ALLOW:
+            if self.on_backend_error != ALLOW and self._is_internal_enqueue(broker, message):
                 self._try_again_later(broker, lock, delay, f"the lock backend failed ({e})")
             self._backend_failed(message, "enqueued", e)  # raises, unless on_backend_error="allow"
             lock.record_enqueued(status=UNLOCKED)
@@ -360,6 +359,7 @@ class UniqueJobs(CrashSafety, Middleware):
             return
         conflict = Conflict(broker, message, lock, acquisition.holders, CLIENT, self.logger, delay=delay)
         strategy = self._strategy_for(message, config.client_strategy)
+        internal = self._is_internal_enqueue(broker, message)
         if internal and strategy.fails_send:
             strategy = _TRY_AGAIN_STRATEGY
         lock.emit(CONFLICT, side=CLIENT, strategy=strategy.name, holders=acquisition.holders)
@@ -432,15 +432,9 @@ class UniqueJobs(CrashSafety, Middleware):
             wait,
         )
         lock.emit(RESCHEDULED_EVENT, delay=wait, reason=reason)
-        outcome = enqueue_outcome(message)
-        again = message.copy(queue_name=q_name(message.queue_name))
-        record_outcome(
-            again,
-            EnqueueOutcome(
-                status=RESCHEDULED, holder=message.message_id, digest=lock.digest, reschedules=outcome.reschedules
-            ),
-        )
-        raise EnqueueCancelled("The message tries its lock again later.", broker.enqueue(again, delay=wait))
+        # Not counted against max_reschedules: it met no holder.
+        reschedules = enqueue_outcome(message).reschedules
+        send_later(broker, message, digest=lock.digest, holder=message.message_id, reschedules=reschedules, delay=wait)
 
     @staticmethod
     def _passes_unlocked(outcome: EnqueueOutcome, delay: int | None) -> bool:

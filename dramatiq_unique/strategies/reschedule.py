@@ -2,15 +2,32 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import NoReturn
 
+from dramatiq import Broker
 from dramatiq.common import q_name
 from dramatiq.middleware import SkipMessage
 
 from ..errors import EnqueueCancelled
 from ..events import RESCHEDULED as RESCHEDULED_EVENT
-from ..outcome import RESCHEDULED, EnqueueOutcome, enqueue_outcome, record_outcome
+from ..outcome import RESCHEDULED, AnyMessage, EnqueueOutcome, enqueue_outcome, record_outcome
 from .base import Conflict, ConflictStrategy
 from .reject import Reject
+
+
+def send_later(
+    broker: Broker, message: AnyMessage, *, digest: str, holder: str, reschedules: int, delay: int
+) -> NoReturn:
+    """Send ``message`` again in ``delay`` ms instead of now, recorded as
+    rescheduled: it passes ``before_enqueue`` on its way to the delay queue
+    and tries its lock again when it is due.
+
+    Raises:
+      EnqueueCancelled: Always, with the message sent to the delay queue.
+    """
+    record_outcome(message, EnqueueOutcome(status=RESCHEDULED, digest=digest, holder=holder, reschedules=reschedules))
+    rescheduled = broker.enqueue(message.copy(queue_name=q_name(message.queue_name)), delay=delay)
+    raise EnqueueCancelled("The message was rescheduled.", rescheduled)
 
 
 class Reschedule(ConflictStrategy):
@@ -30,17 +47,14 @@ class Reschedule(ConflictStrategy):
         delay = max(conflict.delay or 0, config.reschedule_delay)
         self._log(conflict, reschedules, delay)
         conflict.lock.emit(RESCHEDULED_EVENT, holders=conflict.holders, delay=delay)
-        record_outcome(
+        send_later(
+            conflict.broker,
             message,
-            EnqueueOutcome(
-                status=RESCHEDULED, digest=conflict.digest, holder=conflict.holders[0], reschedules=reschedules
-            ),
+            digest=conflict.digest,
+            holder=conflict.holders[0],
+            reschedules=reschedules,
+            delay=delay,
         )
-        # A message recorded as rescheduled passes before_enqueue while it
-        # goes to the delay queue, and tries the lock again when it is due,
-        # but never before the delay it was sent with.
-        rescheduled = conflict.broker.enqueue(message.copy(queue_name=q_name(message.queue_name)), delay=delay)
-        raise EnqueueCancelled("The message was rescheduled.", rescheduled)
 
     def on_server_conflict(self, conflict: Conflict) -> None:
         message, config = conflict.message, conflict.lock.config
