@@ -27,7 +27,7 @@ from typing import Any
 
 from .backends import LockBackend
 from .errors import LockBackendError
-from .events import EVENT_KINDS, LockEvent
+from .events import EVENT_KINDS
 from .options import DEFAULT_LOCK_PREFIX
 
 #: How long the counts of a minute are kept, in milliseconds: 6 hours.
@@ -89,8 +89,9 @@ class ActivityCounter:
         # would lose what it counted since its last flush.
         atexit.register(_close_at_exit, ref)
 
-    def __call__(self, event: LockEvent) -> None:
-        key = (self._now() // MINUTE, event.actor_name, event.kind)
+    def __call__(self, actor_name: str, kind: str) -> None:
+        """Count one event of ``kind`` about ``actor_name`` (an :meth:`Events.add_counter` counter)."""
+        key = (self._now() // MINUTE, actor_name, kind)
         with self._mutex:
             self._counts[key] = self._counts.get(key, 0) + 1
             if self._thread is None and not self._closed.is_set() and not self.flushed_elsewhere():

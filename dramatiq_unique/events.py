@@ -108,6 +108,8 @@ class Events:
         self._mutex = threading.Lock()
         # Replaced whole on every change, so that emit() reads it without the mutex.
         self._subscribers: dict[str, tuple[Subscriber, ...]] = {}
+        #: Called with (actor_name, kind) of every event, whether or not it is built.
+        self._counters: tuple[Callable[[str, str], None], ...] = ()
         #: Subscribers that failed before: later failures are logged without a traceback.
         self._failed: set[int] = set()
 
@@ -137,12 +139,31 @@ class Events:
                     subscribers.pop(k, None)
             self._subscribers = subscribers
 
+    def add_counter(self, counter: Callable[[str, str], None]) -> None:
+        """Call ``counter(actor_name, kind)`` for every event of every kind.
+
+        A counter costs no event object: events are built only for the kinds
+        somebody subscribed to. It must not raise.
+        """
+        with self._mutex:
+            self._counters = (*self._counters, counter)
+
     def wants(self, kind: str) -> bool:
         """Whether anybody subscribed to ``kind``: build the event only then."""
         return kind in self._subscribers
 
+    def count(self, kind: str, actor_name: str) -> None:
+        """Count an event that is not built, as nobody subscribed to its kind."""
+        for counter in self._counters:
+            counter(actor_name, kind)
+
     def emit(self, event: LockEvent) -> None:
-        """Call the subscribers of the event's kind; none of them can make this raise."""
+        """Count the event and call the subscribers of its kind; none of them can make this raise."""
+        for counter in self._counters:
+            counter(event.actor_name, event.kind)
+        self._deliver(event)
+
+    def _deliver(self, event: LockEvent) -> None:
         for callback in self._subscribers.get(event.kind, ()):
             try:
                 callback(event)

@@ -337,5 +337,7 @@ class Liveness:
 
     def _backend_failed(self, what: str, error: LockBackendError) -> None:
         """Tell of a failure outside any message (a heartbeat, a release tried again)."""
-        if self.events.wants(BACKEND_ERROR):
+        if not self.events.wants(BACKEND_ERROR):
+            self.events.count(BACKEND_ERROR, "")
+        else:
             self.events.emit(LockEvent(kind=BACKEND_ERROR, actor_name="", queue_name="", reason=what, error=error))

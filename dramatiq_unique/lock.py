@@ -168,12 +168,14 @@ class MessageLock:
         reason: str | None = None,
         error: Exception | None = None,
     ) -> None:
-        """Tell the subscribers of ``kind`` what happened to this message's
-        locks; without subscribers, nothing is built."""
-        if not self.events.wants(kind):
-            return
+        """Count what happened to this message's locks, and tell the
+        subscribers of ``kind``; without subscribers, no event is built."""
         message = self.message
-        self.events.emit(
+        events = self.events
+        if not events.wants(kind):
+            events.count(kind, message.actor_name)
+            return
+        events.emit(
             LockEvent(
                 kind=kind,
                 actor_name=message.actor_name,

@@ -19,7 +19,7 @@ from .backends import LockBackend
 from .crash import ALLOW, RAISE, CrashSafety, check_crash_options
 from .current import _set_current_lock
 from .errors import EnqueueCancelled, InvalidLockOptions, LockArgumentsError, LockBackendError
-from .events import BACKEND_ERROR, CONFLICT, EVENT_KINDS, Events, Subscriber
+from .events import BACKEND_ERROR, CONFLICT, Events, Subscriber
 from .events import RESCHEDULED as RESCHEDULED_EVENT
 from .liveness import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_PERIOD, Liveness
 from .lock import MessageLock
@@ -175,7 +175,7 @@ class UniqueJobs(CrashSafety, Middleware):
                 interval=heartbeat_interval,
                 logger=self.logger,
             )
-            self.events.subscribe(EVENT_KINDS, self.activity)
+            self.events.add_counter(self.activity)
             self.liveness.on_flush = self.activity.flush
         self.reaper_enabled = reaper
         self.reaper_interval = reaper_interval
@@ -559,9 +559,10 @@ class UniqueJobs(CrashSafety, Middleware):
 
     def _config_for(self, message: AnyMessage) -> LockConfig | None:
         options, config = self._actors.get(message.actor_name, (self.defaults, self._default_config))
-        overrides = {name: message.options[name] for name in MESSAGE_OPTIONS if name in message.options}
-        if not overrides:
+        message_options = message.options
+        if MESSAGE_OPTIONS.isdisjoint(message_options):  # nearly always: no per-message lock options
             return config
+        overrides = {name: message_options[name] for name in MESSAGE_OPTIONS if name in message_options}
         subject = f"Actor {message.actor_name!r} (options of message {message.message_id!r})"
         overridden = resolve(subject, {**options, **overrides})
         # Every message of a replacing actor records when it starts, so that a

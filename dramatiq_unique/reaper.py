@@ -242,8 +242,10 @@ class Reaper:
             report.released_dead_workers += 1
         else:
             report.released_missing_messages += 1
-        if self.events.wants(REAPED):
-            holder = record.holder
+        holder = record.holder
+        if not self.events.wants(REAPED):
+            self.events.count(REAPED, str(holder.get("actor", "")))
+        else:
             self.events.emit(
                 LockEvent(
                     kind=REAPED,

@@ -260,7 +260,20 @@ def test_redis_recovers_from_a_flushed_script_cache(redis_client):
 
 
 #: The commands the scripts run.
-SCRIPT_COMMANDS = {"time", "hgetall", "hget", "hset", "hdel", "del", "pexpireat", "persist", "srem", "dump", "restore"}
+SCRIPT_COMMANDS = {
+    "time",
+    "hgetall",
+    "hget",
+    "hset",
+    "hdel",
+    "del",
+    "pexpireat",
+    "persist",
+    "srem",
+    "object|encoding",
+    "dump",
+    "restore",
+}
 
 
 def test_redis_one_script_call_per_transition(redis_client):
@@ -569,6 +582,28 @@ def test_redis_a_held_lock_keeps_the_compact_encoding(redis_backend):
         assert redis_backend.release(key, message_id)
     assert redis_backend.client.object("encoding", key) in compact
     assert list(redis_backend.client.hgetall(key)) == [b"fence"]
+
+
+def test_redis_release_compacts_only_a_hash_that_needs_it(redis_client):
+    # P6 (issue 11): DUMP + RESTORE were most of a release's server time. A compact enqueue
+    # lock (nearly all of them) skips them; a run lock whose long record made a hashtable of
+    # its hash is compacted as before.
+    backend = RedisBackend(client=redis_client)
+    acquire(backend, "warm")
+    backend.release(KEY, "warm")
+    redis_client.config_resetstat()
+    holder = Holder("m1", "settle", "payments", "until_executed", "queued", None, str(uuid.uuid4()))
+    assert backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder).acquired
+    assert backend.release(KEY, "m1")
+    assert "cmdstat_dump" not in redis_client.info("commandstats")
+    # A run lock records its message, which is not its owner, and its worker: longer than 64 bytes.
+    running = Holder(str(uuid.uuid4()), "settle", "payments", "while_executing", "running", "worker-host:4242:0a1b2c3d")
+    owner = uuid.uuid4().hex
+    assert backend.acquire(RUN_KEY, owner, limit=1, ttl=60_000, holder=running).acquired
+    assert redis_client.object("encoding", RUN_KEY) == b"hashtable"
+    assert backend.release(RUN_KEY, owner)
+    assert redis_client.object("encoding", RUN_KEY) in (b"listpack", b"ziplist")
+    assert redis_client.info("commandstats")["cmdstat_dump"]["calls"] == 1
 
 
 #: What an earlier version recorded: "<expires_at>|<token>|<acquired_at>|<holder JSON>".

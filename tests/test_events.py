@@ -380,10 +380,6 @@ def backend(request):
     return RedisBackend(client=request.getfixturevalue("redis_client"))
 
 
-def event(kind: str, actor: str = "settle") -> LockEvent:
-    return LockEvent(kind=kind, actor_name=actor, queue_name="default")
-
-
 def test_one_flush_writes_the_counts_of_several_minutes(backend):
     # On Redis Cluster the minute keys share one hash tag, so one call writes them all.
     now = [backend.time() - 60_000]
@@ -395,11 +391,11 @@ def test_one_flush_writes_the_counts_of_several_minutes(backend):
         interval=1000,
         logger=logging.getLogger("test"),
     )
-    counter(event("acquired"))
-    counter(event("conflict"))
-    counter(event("conflict", "sync"))
+    counter("settle", "acquired")
+    counter("settle", "conflict")
+    counter("sync", "conflict")
     now[0] += 60_000
-    counter(event("conflict"))
+    counter("settle", "conflict")
     counter.flush()
     counter.flush()  # nothing left: no call
     minute = now[0] // 60_000
@@ -505,7 +501,7 @@ def test_an_event_while_the_senders_thread_ends_is_flushed_all_the_same():
     )
 
     def late_event():
-        late = threading.Thread(target=counter, args=(event("conflict"),))
+        late = threading.Thread(target=counter, args=("settle", "conflict"))
         late.start()
         late.join()
 
@@ -520,6 +516,6 @@ def test_an_event_while_the_senders_thread_ends_is_flushed_all_the_same():
         return len(releases) == 2
 
     counter._mutex = _WindowAfterRelease(ending, late_event)  # type: ignore[assignment]
-    counter(event("acquired"))
+    counter("settle", "acquired")
     wait_for(lambda: read_activity(backend, minutes=2).totals() == {"settle": {"acquired": 1, "conflict": 1}})
     counter.close()

@@ -123,9 +123,13 @@ local function expire_with_holders(key, holders, count)
     -- restored, a hash of one short field takes the compact one: half the memory.
     -- (Deleting it and writing it again is refused by Redis Cluster while the
     -- key's slot migrates.) An ACL user may be denied RESTORE: the key then stays
-    -- as it is.
-    local dumped = redis.pcall("DUMP", key)
-    if type(dumped) == "string" then redis.pcall("RESTORE", key, 0, dumped, "REPLACE") end
+    -- as it is. A hash that is compact already (nearly every enqueue lock) costs
+    -- no DUMP: the pair is most of a release's server time.
+    local encoding = redis.pcall("OBJECT", "ENCODING", key)
+    if encoding == "hashtable" then
+      local dumped = redis.pcall("DUMP", key)
+      if type(dumped) == "string" then redis.pcall("RESTORE", key, 0, dumped, "REPLACE") end
+    end
   end
   local latest = math.floor((tonumber(fence) or 0) / 1000)
   for _, record in pairs(holders) do
