@@ -32,7 +32,7 @@ from dramatiq.middleware import TimeLimit
 from dramatiq.rate_limits import ConcurrentRateLimiter
 from dramatiq.rate_limits.backends import RedisBackend as RateLimitBackend
 
-from dramatiq_unique import RedisBackend, UniqueJobs
+from dramatiq_unique import RedisBackend, UniqueJobs, require_current_lock
 
 try:
     from ._server import redis_urls
@@ -84,6 +84,8 @@ def worker_rate(
     lock: str | None = None,
     mutex: bool = False,
     accounts: bool = False,
+    background_releases: bool = True,
+    windows: list[float] | None = None,
 ) -> float:
     """Messages per second in the steady state of a busy worker.
 
@@ -91,6 +93,9 @@ def worker_rate(
       lock(str): The messages' lock type; ``None`` for a worker without the middleware.
       mutex(bool): Whether the actor takes a ConcurrentRateLimiter(limit=1) on its account.
       accounts(bool): Whether the messages are about ACCOUNTS accounts, else all different.
+      background_releases(bool): The middleware's option of that name.
+      windows(list): If given, gets the time between the end of each counted message's actor
+        and the answer to its lock's release, in seconds.
     """
     client = redis.Redis.from_url(broker_url)
     locks = redis.Redis.from_url(locks_url)
@@ -98,9 +103,19 @@ def worker_rate(
     locks.flushdb()
     broker = RedisBroker(client=client, namespace=f"bench-{uuid.uuid4().hex[:8]}")
     options: dict[str, Any] = {}
+    ended: dict[str, float] = {}
     if lock is not None:
-        broker.add_middleware(UniqueJobs(backend=RedisBackend(client=locks)), before=TimeLimit)
+        middleware = UniqueJobs(backend=RedisBackend(client=locks), background_releases=background_releases)
+        broker.add_middleware(middleware, before=TimeLimit)
         options["lock"] = lock
+        if windows is not None:
+
+            def released(event: Any) -> None:
+                end = ended.pop(event.message_id, None)
+                if end is not None:
+                    windows.append(time.perf_counter() - end)
+
+            middleware.subscribe("released", released)
     mutexes = RateLimitBackend(client=client)
     meter = Meter(start=WARM_UP, stop=WARM_UP + counted)
     failures = itertools.count()
@@ -113,6 +128,8 @@ def worker_rate(
                     pass
             except dramatiq.RateLimitExceeded:
                 next(failures)
+        if windows is not None and meter.started and not meter.stopped:
+            ended[require_current_lock().message_id] = time.perf_counter()
         meter.tick()
 
     for i in range(WARM_UP + counted + LEFT_OVER):
@@ -152,6 +169,7 @@ class P3:
     same_redis: list[float]  # ratio per round, locks on the broker's Redis
     other_redis: list[float]  # ratio per round, locks on another server
     plain: list[float]  # messages/s per round
+    synchronous: list[float]  # ratio per round, broker's Redis, background_releases=False (8 threads only)
 
 
 @dataclass
@@ -177,6 +195,10 @@ def measure_p3(
         runs[f"plain/{n}"] = lambda c=config: worker_rate(broker_url, broker_url, **c)
         runs[f"same/{n}"] = lambda c=config: worker_rate(broker_url, broker_url, lock="until_executed", **c)
         runs[f"other/{n}"] = lambda c=config: worker_rate(broker_url, other_url, lock="until_executed", **c)
+        if n == 8:
+            runs["sync/8"] = lambda c=config: worker_rate(
+                broker_url, broker_url, lock="until_executed", background_releases=False, **c
+            )
     results = interleaved(runs, rounds)
     for n in threads:
         plain = results[f"plain/{n}"]
@@ -186,6 +208,7 @@ def measure_p3(
                 same_redis=[a / b for a, b in zip(results[f"same/{n}"], plain, strict=True)],
                 other_redis=[a / b for a, b in zip(results[f"other/{n}"], plain, strict=True)],
                 plain=plain,
+                synchronous=[a / b for a, b in zip(results.get(f"sync/{n}", []), plain, strict=False)],
             )
         )
     return figures
@@ -212,6 +235,35 @@ def measure_p2(url: str, rounds: int = ROUNDS, threads: int = 8) -> P2:
     )
 
 
+@dataclass
+class ReleaseWindow:
+    """How long a finished message still holds its lock: from the end of its actor to the
+    answer to its release, busy worker, 8 threads (seconds, every counted message)."""
+
+    background: list[float]
+    synchronous: list[float]
+
+
+def measure_release_window(url: str, threads: int = 8) -> ReleaseWindow:
+    windows: dict[bool, list[float]] = {True: [], False: []}
+    for background in (True, False):
+        worker_rate(
+            url,
+            url,
+            threads=threads,
+            counted=counted_for(threads),
+            lock="until_executed",
+            background_releases=background,
+            windows=windows[background],
+        )
+    return ReleaseWindow(background=windows[True], synchronous=windows[False])
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def spread(values: list[float], fmt: str = "{:.0%}") -> str:
     """The median, and the lowest and highest value."""
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
@@ -226,6 +278,14 @@ def main() -> None:
                 f"  {p3.threads:>2} threads: until_executed / no middleware {spread(p3.same_redis)} with locks on "
                 f"the broker's Redis, {spread(p3.other_redis)} on another; "
                 f"no middleware {statistics.median(p3.plain):.0f} messages/s"
+            )
+            if p3.synchronous:
+                print(f"  {p3.threads:>2} threads, releases in the worker threads: {spread(p3.synchronous)}")
+        window = measure_release_window(url)
+        for name, values in (("background", window.background), ("synchronous", window.synchronous)):
+            print(
+                f"  8 threads, {name} releases: a finished message holds its lock {quantile(values, 0.5) * 1e6:.0f} us "
+                f"(median), {quantile(values, 0.99) * 1e6:.0f} us (99th percentile), {max(values) * 1e6:.0f} us (max)"
             )
         p2 = measure_p2(url)
         us = "{:.0f} us"

@@ -54,6 +54,7 @@ def main() -> None:
         p6 = latency.measure(url)
         p3 = overhead.measure_p3(url, other_url)
         p2 = overhead.measure_p2(url)
+        window = overhead.measure_release_window(url)
     eight = next(f for f in p3 if f.threads == 8)
     pct, ratio = "{:.0%}", "{:.2f}"
     rows = [
@@ -92,6 +93,14 @@ def main() -> None:
         print(
             f"  {f.threads:>2} threads: locks on the broker's Redis {median_range(f.same_redis, pct)}, "
             f"on another server {median_range(f.other_redis, pct)} ({statistics.median(f.plain):.0f} messages/s)"
+        )
+    synchronous = median_range(eight.synchronous, pct)
+    print(f"   8 threads, releases in the worker threads (background_releases=False): {synchronous}")
+    for name, values in (("background", window.background), ("in the worker threads", window.synchronous)):
+        print(
+            f"How long a finished message still holds its lock, 8 threads, releases {name}: "
+            f"median {overhead.quantile(values, 0.5) * 1e6:.0f} µs, 99th percentile "
+            f"{overhead.quantile(values, 0.99) * 1e6:.0f} µs, max {max(values) * 1e6:.0f} µs"
         )
     us = "{:.0f} µs"
     print(

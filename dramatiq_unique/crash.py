@@ -17,6 +17,7 @@ from .outcome import AnyMessage
 if TYPE_CHECKING:
     from .liveness import Liveness
     from .reaper import Reaper
+    from .releases import BackgroundReleases
 
 #: ``on_backend_error`` values: fail closed, or fail open.
 RAISE = "raise"
@@ -64,6 +65,7 @@ class CrashSafety:
     """Hooks and helpers of :class:`UniqueJobs` for crashes and outages."""
 
     liveness: Liveness
+    releases: BackgroundReleases | None
     reaper: Reaper
     reaper_enabled: bool
     reaper_interval: int | None
@@ -78,10 +80,15 @@ class CrashSafety:
             self.declare_reaper(broker)
         # Before the consumers start: the worker is in the registry before it holds any run lock.
         self.liveness.start()
+        if self.releases is not None:
+            self.releases.start()
 
     def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:
         # After the worker threads finished their messages: the leases were
-        # renewed until then.
+        # renewed until then. The last releases go first, so that the
+        # heartbeat thread tries again those that fail before it stops.
+        if self.releases is not None:
+            self.releases.stop()
         self.liveness.stop()
 
     # The orphan reaper ----------------------------------------------------------

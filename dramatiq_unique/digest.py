@@ -84,6 +84,35 @@ def canonical_json(value: Any) -> bytes:
       TypeError, ValueError: If Dramatiq's JSON encoder cannot encode ``value`` either.
     """
     # dramatiq.encoder.JSONEncoder: json.dumps with its defaults (ASCII only, NaN allowed).
-    received = json.loads(json.dumps(value, separators=(",", ":")))
+    # Nearly every value arrives as it is sent: it needs no trip through JSON and back.
+    received = value if _arrives_unchanged(value) else json.loads(json.dumps(value, separators=(",", ":")))
     canonical = json.dumps(received, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return canonical.encode("utf-8", "surrogatepass")
+
+
+def _arrives_unchanged(value: Any) -> bool:
+    """Whether Dramatiq's JSON encoding gives ``value`` back with the same
+    canonical JSON: plain values, lists, tuples, and dicts with string keys,
+    with no string holding a surrogate."""
+    kind = type(value)
+    if kind is str:
+        return _without_surrogates(value)
+    if kind is int or kind is float or kind is bool or value is None:
+        return True
+    if kind is list or kind is tuple:
+        return all(_arrives_unchanged(item) for item in value)
+    if kind is dict:
+        return all(
+            type(key) is str and _without_surrogates(key) and _arrives_unchanged(item) for key, item in value.items()
+        )
+    return False
+
+
+def _without_surrogates(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -22,6 +22,7 @@ from .outcome import ENQUEUED, AnyMessage, EnqueueOutcome, enqueue_outcome, has_
 
 if TYPE_CHECKING:
     from .liveness import Liveness
+    from .releases import BackgroundReleases
 
 #: How close to its recorded expiry an enqueue lock is checked again when its
 #: message starts, for the error of this process's estimate of the backend's clock.
@@ -51,6 +52,8 @@ class MessageLock:
         run lock's lease and retries failed releases. Without
         it, run locks last ``lock_ttl`` and failed releases are only logged.
       events(Events): Where the lock's events go.
+      releases(BackgroundReleases): The thread that gives up the enqueue
+        locks of finished messages, if one runs in this process.
     """
 
     def __init__(
@@ -64,9 +67,11 @@ class MessageLock:
         logger: logging.Logger,
         liveness: Liveness | None = None,
         events: Events | None = None,
+        releases: BackgroundReleases | None = None,
     ):
         self.backend = backend
         self.liveness = liveness
+        self.releases = releases
         self.events = events if events is not None else _NO_EVENTS
         self.config = config
         self.message = message
@@ -101,6 +106,7 @@ class MessageLock:
         logger: logging.Logger,
         liveness: Liveness | None = None,
         events: Events | None = None,
+        releases: BackgroundReleases | None = None,
         outcome: EnqueueOutcome | None = None,
     ) -> MessageLock:
         """The locks of ``message``, with the digest it recorded when it was
@@ -130,6 +136,7 @@ class MessageLock:
             logger=logger,
             liveness=liveness,
             events=events,
+            releases=releases,
         )
 
     @property
@@ -208,6 +215,9 @@ class MessageLock:
         Parameters:
           holder(Holder): What to record; by default the message as queued.
         """
+        if self.releases is not None:
+            # A message of this process that finished a moment ago gave this lock up.
+            self.releases.settle(self.enqueue_key)
         # A re-entry keeps the token: only a new place is an acquisition.
         previous = self.enqueue_token if self.holds_enqueue else None
         # Until the backend answers, the message may hold the lock: if the
@@ -319,10 +329,17 @@ class MessageLock:
                 ", ".join(map(repr, acquisition.holders)),
             )
 
-    def release_enqueue(self) -> None:
-        """Give up the enqueue lock, if the message holds it."""
+    def release_enqueue(self, *, background: bool = False) -> None:
+        """Give up the enqueue lock, if the message holds it.
+
+        Parameters:
+          background(bool): Let this process's release thread send it, if
+            one runs: the message is done, and the caller need not wait.
+        """
         if self.holds_enqueue:
             self.holds_enqueue = False
+            if background and self.releases is not None and self.releases.hand_over(self):
+                return
             try:
                 released = self.backend.release(self.enqueue_key, self.message.message_id)
             except LockBackendError:

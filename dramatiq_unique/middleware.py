@@ -46,6 +46,7 @@ from .outcome import (
     record_outcome,
 )
 from .reaper import DEFAULT_REAPER_INTERVAL, Reaper
+from .releases import BackgroundReleases
 from .strategies import CLIENT, SERVER, Conflict, ConflictStrategy
 from .strategies.reject import dead_letter_if_rejected
 from .strategies.reschedule import Reschedule, send_later
@@ -107,6 +108,11 @@ class UniqueJobs(CrashSafety, Middleware):
       reaper_interval(int): Milliseconds between two runs of the reaper,
         across all workers; ``None`` to schedule ``reaper_actor`` yourself.
       reaper_queue(str): The queue of the reaper actor.
+      background_releases(bool): In a worker, give up a finished message's
+        enqueue lock from a thread of the process, many in one round trip,
+        so that the worker thread goes on to its next message at once. The
+        lock is then held a little longer (see docs/performance.md); a
+        ``send()`` in the same process waits for such a release of its lock.
 
     And these of the lock events (see docs/events-and-metrics.md):
 
@@ -138,6 +144,7 @@ class UniqueJobs(CrashSafety, Middleware):
         reaper: bool = False,
         reaper_interval: int | None = DEFAULT_REAPER_INTERVAL,
         reaper_queue: str = "default",
+        background_releases: bool = True,
         metrics: bool | CollectorRegistry = False,
         activity: bool = True,
     ):
@@ -162,6 +169,15 @@ class UniqueJobs(CrashSafety, Middleware):
             events=self.events,
         )
         self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger, events=self.events)
+        if not isinstance(background_releases, bool):
+            raise InvalidLockOptions(
+                f"UniqueJobs has an invalid background_releases={background_releases!r}: it must be True or False."
+            )
+        self.releases = (
+            BackgroundReleases(backend, logger=self.logger, retry=self.liveness.retry_release)
+            if background_releases
+            else None
+        )
         self.metrics = None if metrics is False else PrometheusMetrics(None if metrics is True else metrics)
         if self.metrics is not None:
             self.events.subscribe(PrometheusMetrics.kinds, self.metrics)
@@ -554,6 +570,7 @@ class UniqueJobs(CrashSafety, Middleware):
             logger=self.logger,
             liveness=self.liveness,
             events=self.events,
+            releases=self.releases,
             outcome=outcome,
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import dramatiq
@@ -10,7 +11,7 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import TimeLimit
 
 from dramatiq_unique import InvalidLockOptions, LockArgumentsError, StubBackend, UniqueJobs, enqueue_outcome
-from dramatiq_unique.digest import compute_digest
+from dramatiq_unique.digest import canonical_json, compute_digest
 from dramatiq_unique.keys import enqueue_key
 
 from .support import unique_warnings
@@ -247,6 +248,25 @@ def test_the_digest_is_that_of_the_arguments_a_worker_receives():
     distinct = ["\udcff", "\udcfe", "\\udcff", "\ufffd", "", float("nan"), float("inf"), -float("inf"), None]
     assert len({digest_of(value) for value in distinct}) == len(distinct)
     assert digest_of({1: "a"}) != digest_of({1: "b"}) and digest_of([1]) != digest_of(["1"])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [[42, "2026-11-29"], {}],
+        [(10**30, 1e-7, -0.0, "\u2028", float("nan"), float("inf")), {"z": {"y": [], "x": {}}}],
+        ["é ü 😀", {"ключ": ["значение", None, True, False]}],
+        ["\ud83d\ude00", "\udcff", {"\udcff": 1}],
+        [{1: "a", "b": 2}, {True: 1, None: 2, 1.5: 3}],
+        [[[[[]]]], {"a": ({"b": (1, 2)},)}],
+    ],
+)
+def test_the_digest_takes_no_shortcut_that_changes_it(value):
+    # P5 (issue 11): values that arrive as sent skip the trip through JSON and back; the
+    # canonical JSON must be exactly what that trip gives, for those and for the others.
+    through_json = json.loads(json.dumps(value, separators=(",", ":")))
+    expected = json.dumps(through_json, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical_json(value) == expected.encode("utf-8", "surrogatepass")
 
 
 def test_arguments_with_a_lone_surrogate_are_locked(env):

@@ -281,6 +281,20 @@ class LockBackend(abc.ABC):
           bool: False when ``owner`` held no place (it lapsed, or never was).
         """
 
+    def release_many(self, places: Sequence[tuple[str, str]]) -> list[bool]:
+        """Give up several places at once, each ``(key, owner)`` as in
+        :meth:`release`, in as few round trips as the backend can. This
+        implementation releases them one by one; a backend may do better.
+
+        Returns:
+          list[bool]: For each place, whether ``owner`` held it.
+
+        Raises:
+          LockBackendError: If the backend failed; some of the places may
+            have been given up.
+        """
+        return [self.release(key, owner) for key, owner in places]
+
     @abc.abstractmethod
     def replace(
         self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0

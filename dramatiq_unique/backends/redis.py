@@ -94,6 +94,7 @@ class RedisBackend(LockBackend):
 
         self._acquire = script("acquire")
         self._release = script("release")
+        self._release_many = script("release_many")
         self._swap = script("swap")
         self._replace = script("replace")
         self._claim = script("claim")
@@ -113,6 +114,23 @@ class RedisBackend(LockBackend):
 
     def release(self, key: str, owner: str) -> bool:
         return bool(self._call(self._release, [key], [owner]))
+
+    def release_many(self, places: Sequence[tuple[str, str]]) -> list[bool]:
+        # One script call for them all; on Redis Cluster one per hash slot, as a
+        # script's keys must share one.
+        groups: dict[int, list[int]] = {}
+        if _is_cluster(self.client):
+            client: Any = self.client
+            for i, (key, _) in enumerate(places):
+                groups.setdefault(client.keyslot(key), []).append(i)
+        elif places:
+            groups[0] = list(range(len(places)))
+        released = [False] * len(places)
+        for group in groups.values():
+            reply = self._call(self._release_many, [places[i][0] for i in group], [places[i][1] for i in group])
+            for i, answer in zip(group, reply, strict=True):
+                released[i] = bool(answer)
+        return released
 
     def replace(
         self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0

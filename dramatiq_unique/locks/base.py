@@ -43,4 +43,4 @@ class LockType:
         """
         lock.release_run()
         if not requeued:
-            lock.release_enqueue()
+            lock.release_enqueue(background=True)

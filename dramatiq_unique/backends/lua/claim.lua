@@ -10,20 +10,20 @@ if redis.call("SREM", KEYS[2], owner) == 1 then
   release(key, owner)
   return -1
 end
-local holders, count = live_holders(key, clock())
+local holders, count = live_holders(key)
 local record = holders[owner]
 if not record then
   expire_with_holders(key, holders, count)
   return 0
 end
 if ARGV[2] == "release" then
-  redis.call("HDEL", key, owner)
+  write(key, owner, false)
   holders[owner] = nil
   count = count - 1
 else
   local expires_at, token, acquired_at = parse(record)
   record = format_record(expires_at, token, acquired_at, share_names(key, count - 1, ARGV[3]))
-  redis.call("HSET", key, owner, record)
+  write(key, owner, record)
   holders[owner] = record
 end
 expire_with_holders(key, holders, count)

@@ -24,11 +24,54 @@
 local FENCE, NAMES = "fence", "names"
 local JSON = 123 -- "{", the first byte of a holder in JSON
 
--- Returns now in milliseconds and in microseconds.
+-- Every call to Redis from a script costs about as much as the work it does, so
+-- each script reads the clock at most once, reads a lock's hash once (HGETALL)
+-- and writes its fields in one HSET and one HDEL (write, flush).
+
+local now_ms, now_us = nil, nil
+
+-- Returns now in milliseconds and in microseconds, the same throughout the script.
 local function clock()
-  local time = redis.call("TIME")
-  local seconds, micros = tonumber(time[1]), tonumber(time[2])
-  return seconds * 1000 + math.floor(micros / 1000), seconds * 1000000 + micros
+  if not now_ms then
+    local time = redis.call("TIME")
+    local seconds, micros = tonumber(time[1]), tonumber(time[2])
+    now_ms, now_us = seconds * 1000 + math.floor(micros / 1000), seconds * 1000000 + micros
+  end
+  return now_ms, now_us
+end
+
+-- The fence and names fields of each lock whose hash this script read (false: absent).
+local known = {}
+-- The field writes of each lock not sent yet: field -> value, false to delete.
+local staged = {}
+
+local function lock_field(key, field)
+  local fields = known[key]
+  if fields then return fields[field] end
+  return redis.call("HGET", key, field)
+end
+
+local function write(key, field, value)
+  if not staged[key] then staged[key] = {} end
+  staged[key][field] = value
+  if known[key] and (field == "fence" or field == "names") then known[key][field] = value end
+end
+
+local function flush(key)
+  local fields = staged[key]
+  if not fields then return end
+  staged[key] = nil
+  local set, delete = {}, {}
+  for field, value in pairs(fields) do
+    if value then
+      table.insert(set, field)
+      table.insert(set, value)
+    else
+      table.insert(delete, field)
+    end
+  end
+  if #delete > 0 then redis.call("HDEL", key, unpack(delete)) end
+  if #set > 0 then redis.call("HSET", key, unpack(set)) end
 end
 
 -- Returns expires_at (nil: never), token, acquired_at and the holder.
@@ -80,32 +123,36 @@ local function share_names(key, count, holder)
   local head, names, id = string.match(holder, "^([^|]*|[^|]*|[^|]*)|([^|]+|[^|]+)|(.*)$")
   if not head then return holder end
   if count == 0 then
-    redis.call("HSET", key, NAMES, names)
-  elseif redis.call("HGET", key, NAMES) ~= names then
+    write(key, NAMES, names)
+  elseif lock_field(key, NAMES) ~= names then
     return holder
   end
   return head .. "|||" .. id
 end
 
 -- Drops the holders whose place lapsed; returns the others (owner -> record) and their count.
--- Lapse is judged by the server clock now: after that clock stepped back, a
--- lapsed place that no script dropped yet counts again until the clock passes
--- its expiry once more, as Redis' own key expiry does with keys.
-local function live_holders(key, now)
+-- Lapse is judged by the server clock now (read only if a place may lapse): after that
+-- clock stepped back, a lapsed place that no script dropped yet counts again until the
+-- clock passes its expiry once more, as Redis' own key expiry does with keys.
+local function live_holders(key)
   local fields = redis.call("HGETALL", key)
   local holders, count = {}, 0
+  local lock = {[FENCE] = false, [NAMES] = false}
   for i = 1, #fields, 2 do
     local owner, record = fields[i], fields[i + 1]
-    if owner ~= FENCE and owner ~= NAMES then
+    if owner == FENCE or owner == NAMES then
+      lock[owner] = record
+    else
       local expires_at = parse(record)
-      if expires_at and expires_at <= now then
-        redis.call("HDEL", key, owner)
+      if expires_at and expires_at <= clock() then
+        write(key, owner, false)
       else
         holders[owner] = record
         count = count + 1
       end
     end
   end
+  known[key] = lock
   return holders, count
 end
 
@@ -115,8 +162,9 @@ end
 -- server clock, so the key is still there after that clock stepped back by
 -- less than FENCE_RETENTION, and tokens keep increasing.
 local function expire_with_holders(key, holders, count)
-  local fence = redis.call("HGET", key, FENCE)
-  if count == 0 then redis.call("HDEL", key, NAMES) end
+  local fence = lock_field(key, FENCE)
+  if count == 0 and lock_field(key, NAMES) then write(key, NAMES, false) end
+  flush(key)
   if count == 0 and fence then
     -- A hash that held a record longer than hash-max-listpack-value (a run
     -- lock's, with a worker id and a message id) keeps Redis' large encoding;
@@ -149,7 +197,7 @@ end
 -- the other holders fill every place or the holder's message has a place already.
 local function acquire(key, owner, limit, ttl, extend, holder)
   local now, now_us = clock()
-  local holders, count = live_holders(key, now)
+  local holders, count = live_holders(key)
   local expires_at = nil
   if ttl > 0 then expires_at = now + ttl + extend end
 
@@ -187,15 +235,15 @@ local function acquire(key, owner, limit, ttl, extend, holder)
     end
     -- Tokens follow the server clock in microseconds, so they keep
     -- increasing even after the key (and its fence) went with its last holder.
-    local last = tonumber(redis.call("HGET", key, FENCE)) or 0
+    local last = tonumber(lock_field(key, FENCE)) or 0
     token = math.max(last + 1, now_us)
     acquired_at = now
-    redis.call("HSET", key, FENCE, string.format("%d", token))
+    write(key, FENCE, string.format("%d", token))
     count = count + 1
   end
 
   local record = format_record(expires_at, token, acquired_at, share_names(key, count - 1, holder))
-  redis.call("HSET", key, owner, record)
+  write(key, owner, record)
   holders[owner] = record
   expire_with_holders(key, holders, count)
   return {1, token, expires_at or 0}
@@ -204,10 +252,10 @@ end
 -- Gives up `owner`'s place; returns 1, or 0 when it held none (a lapsed place
 -- that no script dropped yet counts as none).
 local function release(key, owner)
-  local holders, count = live_holders(key, clock())
+  local holders, count = live_holders(key)
   local removed = 0
   if holders[owner] then
-    redis.call("HDEL", key, owner)
+    write(key, owner, false)
     holders[owner] = nil
     count, removed = count - 1, 1
   end

@@ -1,10 +1,10 @@
 -- Gives up `owner`'s place only while it is still exactly `record`: the orphan
 -- reaper never frees a place that was renewed or re-taken after it read it (SPEC R3, S2).
 -- KEYS[1]: the lock. ARGV: owner, record. Returns 1, or 0 when the place changed or went.
-local holders, count = live_holders(KEYS[1], clock())
+local holders, count = live_holders(KEYS[1])
 local removed = 0
 if holders[ARGV[1]] == ARGV[2] then
-  redis.call("HDEL", KEYS[1], ARGV[1])
+  write(KEYS[1], ARGV[1], false)
   holders[ARGV[1]] = nil
   count, removed = count - 1, 1
 end

@@ -3,12 +3,12 @@
 -- (SPEC O1, S2). A re-entry that left its record as it was (no new expiry, no new broker
 -- id) cannot be told apart. The fence stays, so tokens keep increasing.
 -- KEYS[1]: the lock. ARGV: owner, record, owner, record, ... Returns the owners freed.
-local holders, count = live_holders(KEYS[1], clock())
+local holders, count = live_holders(KEYS[1])
 local removed = {}
 for i = 1, #ARGV, 2 do
   local owner = ARGV[i]
   if holders[owner] == ARGV[i + 1] then
-    redis.call("HDEL", KEYS[1], owner)
+    write(KEYS[1], owner, false)
     holders[owner] = nil
     count = count - 1
     table.insert(removed, owner)

@@ -3,7 +3,7 @@
 -- KEYS[1]: the lock. ARGV: owner, ttl in ms, deadline in ms (0: none).
 -- Returns the new expiry, 0 for a place that never lapses, -1 when owner holds no place.
 local now = clock()
-local holders, count = live_holders(KEYS[1], now)
+local holders, count = live_holders(KEYS[1])
 local record = holders[ARGV[1]]
 if not record then
   expire_with_holders(KEYS[1], holders, count)
@@ -17,7 +17,7 @@ if expires_at then
   if target > expires_at then
     expires_at = target
     record = format_record(expires_at, token, acquired_at, holder)
-    redis.call("HSET", KEYS[1], ARGV[1], record)
+    write(KEYS[1], ARGV[1], record)
     holders[ARGV[1]] = record
   end
 end

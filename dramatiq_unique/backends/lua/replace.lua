@@ -5,7 +5,7 @@
 -- ARGV: owner, limit, ttl in ms (0: never lapses), extend in ms, holder, replaced set TTL in ms.
 -- Returns acquire's reply, with the replaced owner appended when there was one.
 local key, replaced_key, owner, limit = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
-local holders, count = live_holders(key, clock())
+local holders, count = live_holders(key)
 local victim = nil
 if count >= limit and not holders[owner] then
   local oldest = nil

@@ -1,0 +1,226 @@
+"""Releases off the worker's critical path (issue 11): a finished message's enqueue lock is
+given up by the process's release thread, many in one round trip; a send() in the process waits
+for such a release of its lock; a warm shutdown sends them all; a failed one is tried again."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import dramatiq
+import pytest
+from dramatiq.brokers.stub import StubBroker
+
+from dramatiq_unique import (
+    InvalidLockOptions,
+    LockBackendError,
+    RedisBackend,
+    StubBackend,
+    UniqueJobs,
+    enqueue_outcome,
+)
+from dramatiq_unique.events import RELEASED
+
+from .support import Env, unique_warnings, wait_for
+
+
+class HeldReleases:
+    """Holds the release thread inside its first RELEASED event until ``open()``: every
+    release handed over meanwhile waits, unsent."""
+
+    def __init__(self, env):
+        self.entered = threading.Event()
+        self._open = threading.Event()
+        self.threads: list[str] = []
+        self.released: list[str] = []
+        env.middleware.subscribe(RELEASED, self)
+
+    def __call__(self, event) -> None:
+        self.threads.append(threading.current_thread().name)
+        self.released.append(event.message_id)
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self._open.wait(10)
+
+    def open(self) -> None:
+        self._open.set()
+
+
+def test_a_finished_messages_lock_is_released_by_the_release_thread(env):
+    releases = HeldReleases(env)
+    releases.open()
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    message = settle.send("e1")
+    env.worker()
+    env.join(settle)
+    wait_for(lambda: releases.released == [message.message_id])
+    assert releases.threads == ["dramatiq-unique-releases"]
+    assert env.is_free(enqueue_outcome(message).digest)
+
+
+@pytest.fixture
+def redis_quiet_env(redis_client):
+    """RedisBackend alone on its Redis (the broker is a StubBroker), with no heartbeat within a test."""
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=redis_client)
+    env = Env("stub", broker, backend, UniqueJobs(backend=backend, heartbeat_interval=60_000, lease_period=180_000))
+    yield from env.run()
+
+
+class Finished(dramatiq.Middleware):
+    """Counts the messages whose after_process_message hooks all ran: added before UniqueJobs,
+    its hook runs after that of UniqueJobs, which hands the release over."""
+
+    def __init__(self):
+        self.count = 0
+
+    def after_process_message(self, broker, message, *, result=None, exception=None):
+        self.count += 1
+
+
+def test_releases_that_wait_go_out_together_in_one_round_trip(redis_quiet_env):
+    env = redis_quiet_env
+    releases = HeldReleases(env)
+    finished = Finished()
+    env.broker.add_middleware(finished, before=UniqueJobs)
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    settle.send("first")
+    env.worker(threads=8)
+    assert releases.entered.wait(10)
+    # The release thread waits in the first message's event; fifty more finish meanwhile.
+    for i in range(50):
+        settle.send(f"e{i}")
+    wait_for(lambda: finished.count == 51)
+    client = env.backend.client
+    client.config_resetstat()
+    releases.open()
+    wait_for(lambda: len(releases.released) == 51)
+    calls = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert calls == 1, f"{calls} round trips for 50 releases"
+    assert all(env.is_free(enqueue_outcome(settle.message(f"e{i}")).digest or "") for i in range(50))
+
+
+def test_a_send_waits_for_the_release_of_its_lock_by_this_process(make_env):
+    env = make_env()
+    releases = HeldReleases(env)
+    runs = []
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        runs.append(event_id)
+
+    settle.send("first")
+    env.worker()
+    assert releases.entered.wait(10)
+    # "e1" ran and is done; its release waits behind the first one's.
+    settle.send("e1")
+    wait_for(lambda: runs == ["first", "e1"])
+    time.sleep(0.05)
+    outcomes = []
+    sender = threading.Thread(target=lambda: outcomes.append(enqueue_outcome(settle.send("e1"))))
+    sender.start()
+    time.sleep(0.2)
+    assert outcomes == []  # it waits for the release
+    releases.open()
+    sender.join(10)
+    assert outcomes[0].status == "enqueued"
+    env.join(settle)
+    assert runs == ["first", "e1", "e1"]
+
+
+def test_a_warm_shutdown_sends_every_release_before_the_worker_is_gone(make_env):
+    env = make_env()
+    releases = HeldReleases(env)
+    runs = []
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        runs.append(event_id)
+
+    first = settle.send("first")
+    worker = env.worker()
+    assert releases.entered.wait(10)
+    messages = [settle.send(f"e{i}") for i in range(5)]
+    wait_for(lambda: len(runs) == 6)
+    time.sleep(0.05)
+    stopper = threading.Thread(target=worker.stop)
+    stopper.start()
+    time.sleep(0.1)
+    assert stopper.is_alive()  # the worker stops only once its releases are sent
+    releases.open()
+    stopper.join(10)
+    assert not stopper.is_alive()
+    for message in [first, *messages]:
+        assert env.is_free(enqueue_outcome(message).digest)
+    assert sorted(releases.released) == sorted(m.message_id for m in [first, *messages])
+
+
+class FailingReleases(StubBackend):
+    """A StubBackend whose batched releases fail ``failures`` times (the backend is down)."""
+
+    def __init__(self, failures: int):
+        super().__init__()
+        self.failures = failures
+
+    def release_many(self, places):
+        if self.failures:
+            self.failures -= 1
+            raise LockBackendError("The lock backend is down.")
+        return super().release_many(places)
+
+
+@pytest.fixture
+def failing_env():
+    backend = FailingReleases(failures=1)
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    env = Env("stub", broker, backend, UniqueJobs(backend=backend, heartbeat_interval=20, lease_period=60))
+    yield from env.run()
+
+
+def test_a_release_that_fails_is_tried_again_by_the_heartbeat_thread(failing_env, caplog):
+    env = failing_env
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    caplog.set_level(logging.INFO, logger="dramatiq_unique")
+    message = settle.send("e1")
+    env.worker()
+    env.join(settle)
+    wait_for(lambda: env.is_free(enqueue_outcome(message).digest))
+    warnings = unique_warnings(caplog)
+    assert len(warnings) == 1 and "could not be released" in warnings[0]
+    assert any("released on a later attempt" in r.getMessage() for r in caplog.records)
+
+
+def test_without_background_releases_the_worker_thread_releases(make_env):
+    env = make_env(background_releases=False)
+    threads = []
+    env.middleware.subscribe(RELEASED, lambda event: threads.append(threading.current_thread().name))
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    message = settle.send("e1")
+    env.worker()
+    env.join(settle)
+    assert env.is_free(enqueue_outcome(message).digest)
+    assert len(threads) == 1 and threads[0] != "dramatiq-unique-releases"
+
+
+def test_background_releases_must_be_a_boolean():
+    with pytest.raises(InvalidLockOptions, match=r"background_releases='yes': it must be True or False"):
+        UniqueJobs(backend=StubBackend(), background_releases="yes")
