@@ -8,6 +8,7 @@ Run: python benchmarks/round_trips.py  (uses REDIS_URL, else a bundled server)
 from __future__ import annotations
 
 import logging
+import time
 
 import dramatiq
 import redis
@@ -37,6 +38,7 @@ TARGETS = {
 SCRIPT_COMMANDS = {
     "time",
     "hgetall",
+    "object|encoding",
     "hget",
     "hset",
     "hdel",
@@ -67,7 +69,8 @@ def measure(url: str, lock: str, lock_ttl: int | None) -> float:
     client.flushdb()
     broker = StubBroker()
     backend = RedisBackend(client=client)
-    broker.add_middleware(UniqueJobs(backend=backend), before=TimeLimit)
+    middleware = UniqueJobs(backend=backend)
+    broker.add_middleware(middleware, before=TimeLimit)
 
     @dramatiq.actor(broker=broker, lock=lock, lock_ttl=lock_ttl, actor_name=f"noop_{lock}")
     def noop(i):
@@ -80,15 +83,23 @@ def measure(url: str, lock: str, lock_ttl: int | None) -> float:
     noop.send(-1)
     broker.join(noop.queue_name)
     worker.join()
+    settle(middleware)
     client.config_resetstat()
     for i in range(MESSAGES):
         noop.send(i)
     broker.join(noop.queue_name)
     worker.join()
+    settle(middleware)
     calls = round_trips(client)
     worker.stop()
     broker.close()
     return calls / MESSAGES
+
+
+def settle(middleware: UniqueJobs) -> None:
+    """Wait until the worker's release thread has sent every release handed to it."""
+    while middleware.releases is not None and not middleware.releases.idle:
+        time.sleep(0.001)
 
 
 def measure_all(url: str) -> dict[str, tuple[float, float]]:

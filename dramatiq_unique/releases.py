@@ -105,6 +105,11 @@ class BackgroundReleases:
         with self._changed:
             self._thread = None
 
+    @property
+    def idle(self) -> bool:
+        """Whether every release handed over so far has been answered."""
+        return not self._unsettled
+
     def hand_over(self, lock: MessageLock) -> bool:
         """Have the thread give up ``lock``'s enqueue lock, which the message
         holds no more as far as the caller is concerned.
