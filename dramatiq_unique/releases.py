@@ -142,8 +142,10 @@ class BackgroundReleases:
                 batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]
             try:
                 self._send(batch)
-            except Exception:  # the thread must outlive anything
-                self.logger.exception("Lock releases of %d finished messages failed.", len(batch))
+            except Exception:  # the thread must outlive anything, and no lock may stay behind
+                self.logger.exception("Lock releases of %d finished messages failed; they are tried again.", len(batch))
+                for lock in batch:
+                    self.retry(lock.enqueue_key, lock.message.message_id)
             finally:
                 with self._changed:
                     for lock in batch:

@@ -166,43 +166,49 @@ def test_a_warm_shutdown_sends_every_release_before_the_worker_is_gone(make_env)
 
 
 class FailingReleases(StubBackend):
-    """A StubBackend whose batched releases fail ``failures`` times (the backend is down)."""
+    """A StubBackend whose first batched release raises ``error`` (the backend is down, or a bug)."""
 
-    def __init__(self, failures: int):
+    def __init__(self, error: Exception):
         super().__init__()
-        self.failures = failures
+        self.error: Exception | None = error
 
     def release_many(self, places):
-        if self.failures:
-            self.failures -= 1
-            raise LockBackendError("The lock backend is down.")
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
         return super().release_many(places)
 
 
-@pytest.fixture
-def failing_env():
-    backend = FailingReleases(failures=1)
+@pytest.mark.parametrize(
+    ("error", "logged"),
+    [
+        (LockBackendError("The lock backend is down."), "could not be released"),
+        (RuntimeError("a bug"), "failed; they are tried again"),
+    ],
+)
+def test_a_release_that_fails_is_tried_again_by_the_heartbeat_thread(error, logged, caplog):
+    backend = FailingReleases(error)
     broker = StubBroker()
     broker.emit_after("process_boot")
     env = Env("stub", broker, backend, UniqueJobs(backend=backend, heartbeat_interval=20, lease_period=60))
-    yield from env.run()
+    runs = env.run()
+    next(runs)
+    try:
 
+        @env.actor(lock="until_executed")
+        def settle(event_id):
+            pass
 
-def test_a_release_that_fails_is_tried_again_by_the_heartbeat_thread(failing_env, caplog):
-    env = failing_env
-
-    @env.actor(lock="until_executed")
-    def settle(event_id):
-        pass
-
-    caplog.set_level(logging.INFO, logger="dramatiq_unique")
-    message = settle.send("e1")
-    env.worker()
-    env.join(settle)
-    wait_for(lambda: env.is_free(enqueue_outcome(message).digest))
-    warnings = unique_warnings(caplog)
-    assert len(warnings) == 1 and "could not be released" in warnings[0]
-    assert any("released on a later attempt" in r.getMessage() for r in caplog.records)
+        caplog.set_level(logging.INFO, logger="dramatiq_unique")
+        message = settle.send("e1")
+        env.worker()
+        env.join(settle)
+        wait_for(lambda: env.is_free(enqueue_outcome(message).digest))
+        warnings = unique_warnings(caplog)
+        assert len(warnings) == 1 and logged in warnings[0]
+        assert any("released on a later attempt" in r.getMessage() for r in caplog.records)
+    finally:
+        next(runs, None)
 
 
 def test_without_background_releases_the_worker_thread_releases(make_env):
