@@ -106,6 +106,7 @@ class ReplicatedRedis:
             self._spawn(name, replica, environment)
         self._wait(lambda: all(_pings(self.node(name)) for name in self.ports), "the servers to start")
         self._wait(lambda: all(self._linked(name, "primary") for name in REPLICAS), "replication")
+        self._wait(self._acknowledged, "both replicas to acknowledge a write")
         # Each sentinel is told its peers and the replicas in its configuration, as a sentinel
         # writes them there itself: it needs not wait for INFO and hello messages to find them.
         ids = [os.urandom(20).hex() for _ in self.sentinel_ports]
@@ -130,6 +131,14 @@ class ReplicatedRedis:
             config.write_text("\n".join(lines) + "\n")
             self._spawn(f"sentinel-{i}", [str(config), "--sentinel"])
         self._wait(self._sentinels_ready, "the sentinels to know the replicas and each other")
+
+    def _acknowledged(self) -> bool:
+        # A replica acknowledges writes only once it loaded the primary's data, a moment after
+        # its link is up.
+        primary = self.node("primary")
+        primary.set("fixture:probe", 1)  # WAIT counts the replicas that have the last write of its connection
+        primary.delete("fixture:probe")
+        return primary.execute_command("WAIT", len(REPLICAS), 100) == len(REPLICAS)
 
     def _linked(self, replica: str, primary: str) -> bool:
         info = self.node(replica).info("replication")
