@@ -30,8 +30,10 @@ import redis
 from .cluster import _die_with_parent, _executables, _free_ports
 
 SERVICE = "locks"
-#: How long a primary may not answer before a sentinel thinks it is down (ms).
-DOWN_AFTER = 300
+#: How long a primary may not answer before a sentinel thinks it is down (ms). Not much less:
+#: with 300 ms the sentinels sometimes took the primary they had just promoted, which they
+#: were still connecting to, for down, and failed over a second time.
+DOWN_AFTER = 1000
 #: The sentinels' failover-timeout (ms): how soon a failover that got stuck is tried again.
 FAILOVER_TIMEOUT = 2000
 START_TIMEOUT = 20.0
@@ -106,7 +108,7 @@ class ReplicatedRedis:
             self._spawn(name, replica, environment)
         self._wait(lambda: all(_pings(self.node(name)) for name in self.ports), "the servers to start")
         self._wait(lambda: all(self._linked(name, "primary") for name in REPLICAS), "replication")
-        self._wait(self._acknowledged, "both replicas to acknowledge a write")
+        self._wait(lambda: self._acknowledged("primary", len(REPLICAS)), "both replicas to acknowledge a write")
         # Each sentinel is told its peers and the replicas in its configuration, as a sentinel
         # writes them there itself: it needs not wait for INFO and hello messages to find them.
         ids = [os.urandom(20).hex() for _ in self.sentinel_ports]
@@ -132,13 +134,13 @@ class ReplicatedRedis:
             self._spawn(f"sentinel-{i}", [str(config), "--sentinel"])
         self._wait(self._sentinels_ready, "the sentinels to know the replicas and each other")
 
-    def _acknowledged(self) -> bool:
+    def _acknowledged(self, primary: str, replicas: int) -> bool:
         # A replica acknowledges writes only once it loaded the primary's data, a moment after
         # its link is up.
-        primary = self.node("primary")
-        primary.set("fixture:probe", 1)  # WAIT counts the replicas that have the last write of its connection
-        primary.delete("fixture:probe")
-        return primary.execute_command("WAIT", len(REPLICAS), 100) == len(REPLICAS)
+        client = self.node(primary)
+        client.set("fixture:probe", 1)  # WAIT counts the replicas that have the last write of its connection
+        client.delete("fixture:probe")
+        return client.execute_command("WAIT", replicas, 100) == replicas
 
     def _linked(self, replica: str, primary: str) -> bool:
         info = self.node(replica).info("replication")
@@ -217,7 +219,7 @@ class ReplicatedRedis:
                 return False
             (other,) = set(REPLICAS) - set(names)
             self.promoted = names[0]
-            return self._linked(other, names[0])
+            return self._linked(other, names[0]) and self._acknowledged(names[0], 1)
 
         self._wait(promoted, "the sentinels to promote a replica and the other to replicate it", FAILOVER_WAIT)
 

@@ -16,6 +16,8 @@ import time
 import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from dramatiq_unique import (
     InvalidBackendOptions,
@@ -107,8 +109,9 @@ def test_an_unreachable_sentinel_is_a_backend_error_that_quotes_no_password():
         sentinels=[("127.0.0.1", 1)],
         service_name="locks",
         password="hunter2",
-        sentinel_parameters={"password": "hunter3", "socket_connect_timeout": 0.2},
+        sentinel_parameters={"password": "hunter3", "socket_connect_timeout": 0.2, "retry": Retry(NoBackoff(), 0)},
         min_replicas=1,
+        retry=Retry(NoBackoff(), 0),
     )
     with pytest.raises(LockBackendError) as raised:
         backend.acquire("dramatiq-unique:{abc}", "m1", limit=1, ttl=None, holder=holder("m1"))
@@ -369,7 +372,9 @@ def test_leases_heartbeats_and_the_reaper_carry_over_a_failover(replicated_redis
     backend = sentinel_backend(replicated_redis, 1)
     broker = RedisBroker(client=redis_client)
     broker.emit_after("process_boot")
-    lease = 3000
+    # Longer than a failover (about 3 s here) and its renewal margin: a lease that runs out
+    # while the sentinels promote a replica is lost (docs/failover.md says so).
+    lease = 6000
     middleware = UniqueJobs(backend=backend, lease_period=lease, heartbeat_interval=200)
     env = Env("redis", broker, backend, middleware)
     runs = env.run()
