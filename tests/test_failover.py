@@ -10,6 +10,7 @@ that a replica did not acknowledge is reported made: nothing is lost, nothing ru
 from __future__ import annotations
 
 import glob
+import signal
 import threading
 import time
 
@@ -17,6 +18,7 @@ import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
 from redis.backoff import NoBackoff
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis.retry import Retry
 
 from dramatiq_unique import (
@@ -30,7 +32,7 @@ from dramatiq_unique.backends import Holder
 from dramatiq_unique.events import BACKEND_ERROR
 from dramatiq_unique.outcome import ENQUEUED
 
-from .sentinel import SERVICE, ReplicatedRedis, _start
+from .sentinel import FILLER, SERVICE, ReplicatedRedis, _start
 from .support import Env, Gate, wait_for
 
 #: How long a change waits for its replica in these tests (ms).
@@ -164,74 +166,139 @@ def test_min_replicas_adds_no_round_trip_and_an_unreplicated_change_is_an_error(
 # Locks across a failover, taken and released by several threads ------------------------------
 
 
-@pytest.mark.parametrize("min_replicas", [0, 1])
-def test_locks_reported_held_survive_a_failover_only_with_min_replicas(replicated_redis, min_replicas):
-    backend = sentinel_backend(replicated_redis, min_replicas)
-    threads_count = 4
-    gates = [threading.Lock() for _ in range(threads_count)]
-    stop = threading.Event()
-    mutex = threading.Lock()
-    held: dict[str, str] = {}  # key -> owner: the client was told it holds it, and has not released it
-    told_held = 0
-    failures = 0
+class Workload:
+    """Threads that take locks and give every third up again, as fast as they can; what the
+    backend told them is kept: ``held`` (key -> owner) are the places it said they hold."""
 
-    def work(t: int) -> None:
-        nonlocal told_held, failures
+    def __init__(self, backend: RedisBackend, threads: int = 4):
+        self.backend = backend
+        self.gates = [threading.Lock() for _ in range(threads)]
+        self.stopped = threading.Event()
+        self.mutex = threading.Lock()
+        self.held: dict[str, str] = {}
+        self.told_held = 0
+        self.failures = 0
+        self.threads = [threading.Thread(target=self._work, args=(t,)) for t in range(threads)]
+
+    def _work(self, t: int) -> None:
+        backend = self.backend
         for i in range(1_000_000):
-            if stop.is_set():
+            if self.stopped.is_set():
                 return
             key, owner = f"dramatiq-unique:{{t{t}-{i}}}", f"m{t}-{i}"
-            with gates[t]:
+            with self.gates[t]:
                 try:
                     acquired = backend.acquire(key, owner, limit=1, ttl=None, holder=holder(owner)).acquired
                 except LockBackendError:
-                    with mutex:
-                        failures += 1
+                    with self.mutex:
+                        self.failures += 1
                     try:  # as the middleware does: the place may have been taken
                         backend.release(key, owner)
                     except LockBackendError:
                         pass
                     continue
-                with mutex:
-                    told_held += acquired
+                with self.mutex:
+                    self.told_held += acquired
                     if acquired:
-                        held[key] = owner
-                if i % 3 == 2:  # every third lock is given up again
+                        self.held[key] = owner
+                if i % 3 == 2:
                     try:
                         if backend.release(key, owner):
-                            with mutex:
-                                held.pop(key, None)
+                            with self.mutex:
+                                self.held.pop(key, None)
                     except LockBackendError:
                         pass
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(threads_count)]
-    for thread in threads:
-        thread.start()
-    wait_for(lambda: told_held >= 200)
-    # The replicas stop between two changes of each thread, so that no change is half-replicated.
-    for gate in gates:
-        gate.acquire()
-    replicated_redis.lag()
-    for gate in gates:
-        gate.release()
-    before = told_held
-    wait_for(lambda: told_held >= before + 300 or failures >= 8)
-    replicated_redis.kill_primary()
-    after = told_held
-    wait_for(lambda: told_held >= after + 100, timeout=15)  # the threads go on with the new primary
-    stop.set()
-    for thread in threads:
-        thread.join()
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+        wait_for(lambda: self.told_held >= 200)
 
-    found = places(replicated_redis.new_primary)
-    lost = [key for key, owner in held.items() if owner not in found.get(key, [])]
-    orphans = [key for key, owners in found.items() if held.get(key) not in owners]
+    def lag(self, lag) -> None:
+        """Call ``lag`` between two changes of each thread, so that no change is half-replicated,
+        then let the threads take locks for a moment on the primary alone."""
+        for gate in self.gates:
+            gate.acquire()
+        lag()
+        for gate in self.gates:
+            gate.release()
+        before, failed = self.told_held, self.failures
+        wait_for(lambda: self.told_held >= before + 300 or self.failures >= failed + 8)
+
+    def go_on(self) -> None:
+        """After the failover: the threads take locks on the new primary, then stop."""
+        after = self.told_held
+        wait_for(lambda: self.told_held >= after + 100, timeout=15)
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join()
+
+    def lost_and_orphans(self, *primaries: redis.Redis) -> tuple[list[str], list[str]]:
+        """The places the threads were told they hold that the primaries do not have, and the
+        places the primaries have that no thread was told it holds."""
+        found = {key: owners for primary in primaries for key, owners in places(primary).items()}
+        lost = [key for key, owner in self.held.items() if owner not in found.get(key, [])]
+        orphans = [key for key, owners in found.items() if self.held.get(key) not in owners]
+        return lost, orphans
+
+
+@pytest.mark.parametrize("min_replicas", [0, 1])
+def test_locks_reported_held_survive_a_failover_only_with_min_replicas(replicated_redis, min_replicas):
+    workload = Workload(sentinel_backend(replicated_redis, min_replicas))
+    workload.start()
+    workload.lag(replicated_redis.lag)
+    replicated_redis.kill_primary()
+    workload.go_on()
+    lost, orphans = workload.lost_and_orphans(replicated_redis.new_primary)
     if min_replicas:
-        assert failures >= 1  # the changes made while the replicas lagged were errors
+        assert workload.failures >= 1  # the changes made while the replicas lagged were errors
         assert (lost, orphans) == ([], [])
     else:
-        assert failures == 0 or told_held > after
-        assert len(lost) >= 100, f"{len(lost)} of {told_held} locks reported held were lost"
+        assert len(lost) >= 100, f"{len(lost)} of {workload.told_held} locks reported held were lost"
+
+
+@pytest.mark.parametrize("min_replicas", [0, 1])
+def test_cluster_locks_reported_held_survive_a_master_failover_only_with_min_replicas(replicated_cluster, min_replicas):
+    cluster = replicated_cluster
+    client = cluster.client(socket_timeout=1, socket_connect_timeout=0.2)
+    workload = Workload(RedisBackend(client=client, min_replicas=min_replicas, replica_timeout=REPLICA_TIMEOUT))
+    victim, successor = cluster.nodes[0], cluster.replica_nodes[0][0]
+    tag = cluster.slot_tag(victim)
+
+    def lag() -> None:
+        cluster.process_of(successor).send_signal(signal.SIGSTOP)
+        victim.set(f"filler:{{{tag}}}", b"x" * FILLER)
+
+    workload.start()
+    workload.lag(lag)
+    cluster.kill(victim)
+    cluster.process_of(successor).send_signal(signal.SIGCONT)
+    cluster.wait_for_failover(victim, successor)
+    workload.go_on()
+    lost, orphans = workload.lost_and_orphans(successor, *cluster.nodes[1:])
+    key = f"dramatiq-unique:{{{tag}}}"
+    if min_replicas:
+        assert workload.failures >= 1
+        assert (lost, orphans) == ([], [])
+        # The new master has no replica until the old one comes back as its replica: its slots
+        # take no change until then.
+        with pytest.raises(LockBackendError, match="0 of the 1 replicas"):
+            workload.backend.acquire(key, "after", limit=1, ttl=None, holder=holder("after"))
+        cluster.restart(victim)
+        wait_for(lambda: victim.info("replication").get("master_link_status") == "up", timeout=15)
+        wait_for(lambda: _acquires(workload.backend, key), timeout=5)
+    else:
+        # A third of the locks were on the master that was killed.
+        assert len(lost) >= 30, f"{len(lost)} of {workload.told_held} locks reported held were lost"
+        assert all(key_slot(key.encode()) < REDIS_CLUSTER_HASH_SLOTS // 3 for key in lost)
+        assert workload.backend.acquire(key, "after", limit=1, ttl=None, holder=holder("after")).acquired
+
+
+def _acquires(backend: RedisBackend, key: str) -> bool:
+    try:
+        return backend.acquire(key, "after", limit=1, ttl=None, holder=holder("after")).acquired
+    except LockBackendError:
+        return False
 
 
 # Real workers: duplicates that run -----------------------------------------------------------------
