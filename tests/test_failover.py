@@ -163,6 +163,33 @@ def test_min_replicas_adds_no_round_trip_and_an_unreplicated_change_is_an_error(
     assert durable.read(["dramatiq-unique:{late}"])[1]
 
 
+def test_a_run_lock_that_no_replica_acknowledged_is_given_back_at_once(replicated_redis, redis_client):
+    primary = redis.Redis(port=replicated_redis.ports["primary"])
+    backend = RedisBackend(client=primary, min_replicas=1, replica_timeout=REPLICA_TIMEOUT)
+    broker = RedisBroker(client=redis_client)
+    broker.emit_after("process_boot")
+    middleware = UniqueJobs(backend=backend)
+    failed = []
+    middleware.events.subscribe(BACKEND_ERROR, lambda event: failed.append(event.reason))
+    env = Env("redis", broker, backend, middleware)
+    runs = env.run()
+    next(runs)
+    try:
+
+        @env.actor(lock="while_executing", max_retries=0)
+        def sync(account_id):
+            pass
+
+        env.worker(threads=1)
+        replicated_redis.lag()
+        sync.send(42)
+        wait_for(lambda: "start" in failed)
+        # The run lock's place was written on the primary; it is not left there until its lease runs out.
+        assert places(primary) == {}
+    finally:
+        next(runs, None)
+
+
 # Locks across a failover, taken and released by several threads ------------------------------
 
 
