@@ -85,6 +85,15 @@ def test_durability_options_are_checked(options, named):
     assert "integer >=" in str(raised.value)
 
 
+def test_a_socket_timeout_shorter_than_replica_timeout_is_refused():
+    with pytest.raises(ValueError, match=r"replica_timeout=1000 ms, but its client's socket_timeout is 0.5 s"):
+        RedisBackend(socket_timeout=0.5, min_replicas=1)
+    with pytest.raises(ValueError, match="socket_timeout"):
+        RedisBackend(client=redis.Redis(socket_timeout=0.1), min_replicas=1, replica_timeout=100)
+    RedisBackend(socket_timeout=0.5, min_replicas=1, replica_timeout=400)
+    RedisBackend(socket_timeout=0.5)  # waits for no replica
+
+
 @pytest.mark.parametrize(
     ("options", "problem"),
     [

@@ -121,6 +121,8 @@ class RedisBackend(LockBackend):
                 client = _client_from_sentinels(url, sentinels, service_name, sentinel_parameters, parameters)
             else:
                 client = _client_from_url(url, parameters) if url else redis.Redis(**parameters)
+        if min_replicas:
+            _check_socket_timeout(client, replica_timeout)
         self.client = client
         self.fence_retention = fence_retention
         self.min_replicas = min_replicas
@@ -412,6 +414,19 @@ class RedisBackend(LockBackend):
 def _check_integer(name: str, value: Any, *, minimum: int, unit: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"RedisBackend has an invalid {name}={value!r}: it must be an integer >= {minimum} ({unit}).")
+
+
+def _check_socket_timeout(client: Any, replica_timeout: int) -> None:
+    # A change that waits for its replicas longer than the socket allows would fail with a
+    # timeout, and redis-py's retry would run it again.
+    pool = getattr(client, "connection_pool", None)
+    socket_timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
+    if socket_timeout is not None and socket_timeout * 1000 <= replica_timeout:
+        raise ValueError(
+            f"RedisBackend has replica_timeout={replica_timeout} ms, but its client's socket_timeout is "
+            f"{socket_timeout} s: a change waiting for its replicas would time out first. Make socket_timeout "
+            "longer than replica_timeout, or replica_timeout shorter."
+        )
 
 
 def _client_from_sentinels(
