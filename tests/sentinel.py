@@ -30,10 +30,11 @@ import redis
 from .cluster import _die_with_parent, _executables, _free_ports
 
 SERVICE = "locks"
-#: How long a primary may not answer before a sentinel thinks it is down (ms). Not much less:
-#: with 300 ms the sentinels sometimes took the primary they had just promoted, which they
-#: were still connecting to, for down, and failed over a second time.
-DOWN_AFTER = 1000
+#: How long a primary may not answer before a sentinel thinks it is down (ms). More than the
+#: sentinels' ping period (1 s): a sentinel pings a just-promoted primary first a ping period
+#: after it started watching it, and with 1000 ms or less it sometimes took that primary for
+#: down before the first answer came, and failed over a second time.
+DOWN_AFTER = 1500
 #: The sentinels' failover-timeout (ms): how soon a failover that got stuck is tried again.
 FAILOVER_TIMEOUT = 2000
 START_TIMEOUT = 20.0
@@ -69,9 +70,10 @@ class ReplicatedRedis:
         self.directory = directory
         self.replica_environment = replica_environment
         self.processes: dict[str, subprocess.Popen] = {}
-        primary, *replicas = _free_ports(1 + len(REPLICAS))
+        # All at once: ports asked for apart could be the same.
+        primary, *replicas, s1, s2, s3 = _free_ports(1 + len(REPLICAS) + 3)
         self.ports = {"primary": primary, **dict(zip(REPLICAS, replicas, strict=True))}
-        self.sentinel_ports = _free_ports(3)
+        self.sentinel_ports = [s1, s2, s3]
         #: The replica the sentinels promoted, once they did.
         self.promoted: str | None = None
 
