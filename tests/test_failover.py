@@ -477,7 +477,7 @@ def test_leases_heartbeats_and_the_reaper_carry_over_a_failover(replicated_redis
     broker.emit_after("process_boot")
     # Longer than a failover (about 4 s here) and its renewal margin: a lease that runs out
     # while the sentinels promote a replica is lost (docs/failover.md says so).
-    lease = 6000
+    lease = 8000
     middleware = UniqueJobs(backend=backend, lease_period=lease, heartbeat_interval=200)
     env = Env("redis", broker, backend, middleware)
     runs = env.run()
