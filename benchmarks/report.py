@@ -14,9 +14,10 @@ import statistics
 import time
 
 try:
-    from . import latency, memory, overhead, round_trips
+    from . import failover, latency, memory, overhead, round_trips
     from ._server import describe, redis_urls
 except ImportError:
+    import failover
     import latency
     import memory
     import overhead
@@ -55,6 +56,8 @@ def main() -> None:
         p3 = overhead.measure_p3(url, other_url)
         p2 = overhead.measure_p2(url)
         window = overhead.measure_release_window(url)
+    # Servers of its own: a primary, two replicas and three sentinels (about 15 s).
+    losses, durability = failover.measure()
     eight = next(f for f in p3 if f.threads == 8)
     pct, ratio = "{:.0%}", "{:.2f}"
     rows = [
@@ -118,6 +121,7 @@ def main() -> None:
         "Round trips per message (lock_ttl=None / 60 s): "
         + ", ".join(f"{lock} {a:.0f}/{b:.0f}".replace("nan/", "-/") for lock, (a, b) in p1.items())
     )
+    print("\n".join(failover.describe(losses, durability)))
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
         f"{overhead.ROUNDS} rounds of interleaved runs; took {time.monotonic() - started:.0f} s; "

@@ -362,9 +362,13 @@ class MessageLock:
         """Take a place in the run lock for this processing attempt."""
         owner = uuid.uuid4().hex
         ttl = self._run_ttl()
-        acquisition = self.backend.acquire(
-            self.run_key, owner, limit=self.config.lock_limit, ttl=ttl, holder=self._running_holder()
-        )
+        try:
+            acquisition = self.backend.acquire(
+                self.run_key, owner, limit=self.config.lock_limit, ttl=ttl, holder=self._running_holder()
+            )
+        except LockBackendError:
+            self._forget_run_after_failure(owner)
+            raise
         self._took_run_lock(owner, acquisition, ttl)
         return acquisition
 
@@ -373,16 +377,20 @@ class MessageLock:
         owner = uuid.uuid4().hex
         ttl = self._run_ttl()
         held = self.holds_enqueue
-        acquisition = self.backend.swap(
-            release_key=self.enqueue_key,
-            release_owner=self.message.message_id,
-            replaced_key=self.replaced_key,
-            acquire_key=self.run_key,
-            owner=owner,
-            limit=self.config.lock_limit,
-            ttl=ttl,
-            holder=self._running_holder(),
-        )
+        try:
+            acquisition = self.backend.swap(
+                release_key=self.enqueue_key,
+                release_owner=self.message.message_id,
+                replaced_key=self.replaced_key,
+                acquire_key=self.run_key,
+                owner=owner,
+                limit=self.config.lock_limit,
+                ttl=ttl,
+                holder=self._running_holder(),
+            )
+        except LockBackendError:
+            self._forget_run_after_failure(owner)
+            raise
         if acquisition.acquired:
             self.holds_enqueue = False
         if acquisition.superseded:
@@ -392,6 +400,16 @@ class MessageLock:
         if acquisition.acquired and held:
             self.emit(RELEASED, lock_kind=ENQUEUE)
         return acquisition
+
+    def _forget_run_after_failure(self, owner: str) -> None:
+        """The backend failed to answer an acquisition of the run lock for ``owner``, which may
+        have taken a place (e.g. made on a primary that no replica acknowledged in time): give
+        it back now, else later from the heartbeat thread. Its lease frees it otherwise."""
+        try:
+            self.backend.release(self.run_key, owner)
+        except LockBackendError:
+            if self.liveness is not None:
+                self.liveness.retry_release(self.run_key, owner)
 
     def release_run(self) -> None:
         """Give up this attempt's place in the run lock, if it has one."""

@@ -24,7 +24,7 @@ import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
 from redis.cluster import ClusterNode, RedisCluster
-from redis.crc import REDIS_CLUSTER_HASH_SLOTS
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from dramatiq_unique import RedisBackend, UniqueJobs
 
@@ -54,44 +54,81 @@ def _die_with_parent() -> None:
 
 
 class Cluster:
-    """The cluster's processes, one plain client per master, and slot moves between masters."""
+    """The cluster's processes, one plain client per master, and slot moves between masters.
 
-    def __init__(self, executable: str, directory: Path, masters: int = MASTERS):
+    With ``replicas``, each master gets that many replicas (``replica_nodes[i]`` are master i's),
+    and ``node_timeout`` says how soon a replica takes over from a master that stopped answering.
+    """
+
+    def __init__(
+        self,
+        executable: str,
+        directory: Path,
+        masters: int = MASTERS,
+        *,
+        replicas: int = 0,
+        node_timeout: int = 5000,
+    ):
         self.executable = executable
         self.directory = directory
         self.processes: list[subprocess.Popen] = []
+        self.arguments: list[list[str]] = []
         self.ports: list[int] = []
         self.bus_ports: list[int] = []
         self.nodes: list[redis.Redis] = []
+        self.replica_ports: list[list[int]] = []
+        self.replica_nodes: list[list[redis.Redis]] = []
         self.masters = masters
+        self.replicas = replicas
+        self.node_timeout = node_timeout
+        #: The processes the tests killed.
+        self.killed: list[subprocess.Popen] = []
 
     def start(self) -> None:
-        ports = _free_ports(2 * self.masters)
-        self.ports, self.bus_ports = ports[: self.masters], ports[self.masters :]
-        for port, bus_port in zip(self.ports, self.bus_ports, strict=True):
+        count = self.masters * (1 + self.replicas)
+        ports = _free_ports(2 * count)
+        all_ports, self.bus_ports = ports[:count], ports[count:]
+        self.ports = all_ports[: self.masters]
+        self.replica_ports = [
+            all_ports[self.masters + i * self.replicas : self.masters + (i + 1) * self.replicas]
+            for i in range(self.masters)
+        ]
+        for port, bus_port in zip(all_ports, self.bus_ports, strict=True):
             node_dir = self.directory / str(port)
             node_dir.mkdir()
-            log = open(node_dir / "server.log", "wb")  # noqa: SIM115 (closed with the process)
             options = {
                 "port": port,
                 "cluster-port": bus_port,
                 "bind": "127.0.0.1",
                 "cluster-enabled": "yes",
                 "cluster-config-file": "nodes.conf",
-                "cluster-node-timeout": 5000,
+                "cluster-node-timeout": self.node_timeout,
                 "dir": node_dir,
                 "save": "",
                 "appendonly": "no",
                 "daemonize": "no",
+                # A replica's full sync starts at once, not after a 5 s wait for more replicas.
+                "repl-diskless-sync-delay": 0,
             }
-            arguments = [self.executable] + [str(a) for name, value in options.items() for a in (f"--{name}", value)]
-            self.processes.append(
-                subprocess.Popen(arguments, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+            self.arguments.append(
+                [self.executable] + [str(a) for name, value in options.items() for a in (f"--{name}", value)]
             )
-            log.close()
+            self.processes.append(self._spawn(self.arguments[-1], node_dir))
         self.nodes = [redis.Redis(port=port, socket_timeout=5) for port in self.ports]
-        self._wait_for(lambda: all(self._pings(node) for node in self.nodes), "the servers to start")
+        self.replica_nodes = [
+            [redis.Redis(port=port, socket_timeout=5) for port in ports] for ports in self.replica_ports
+        ]
+        self._wait_for(lambda: all(self._pings(node) for node in self.all_nodes), "the servers to start")
         self._join()
+
+    @staticmethod
+    def _spawn(arguments: list[str], node_dir: Path) -> subprocess.Popen:
+        with open(node_dir / "server.log", "ab") as log:
+            return subprocess.Popen(arguments, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+    @property
+    def all_nodes(self) -> list[redis.Redis]:
+        return self.nodes + [node for replicas in self.replica_nodes for node in replicas]
 
     def _join(self) -> None:
         # An even share of the 16384 slots for each master, then the nodes meet.
@@ -100,17 +137,52 @@ class Cluster:
             last = REDIS_CLUSTER_HASH_SLOTS - 1 if i == self.masters - 1 else (i + 1) * share - 1
             node.execute_command("CLUSTER ADDSLOTSRANGE", i * share, last)
         # Every pair meets directly: faster than waiting for gossip to introduce them.
-        for i, node in enumerate(self.nodes):
-            for port, bus_port in zip(self.ports[i + 1 :], self.bus_ports[i + 1 :], strict=True):
+        all_ports = self.ports + [port for ports in self.replica_ports for port in ports]
+        for i, node in enumerate(self.all_nodes):
+            for port, bus_port in zip(all_ports[i + 1 :], self.bus_ports[i + 1 :], strict=True):
                 node.execute_command("CLUSTER MEET", "127.0.0.1", port, bus_port)
+        if self.replicas:
+            self._wait_for(lambda: self._known(len(all_ports)), "every node to know every other")
+            for master, replicas in zip(self.nodes, self.replica_nodes, strict=True):
+                for replica in replicas:
+                    # A node counted as known may still be in its handshake, under a
+                    # temporary id: "Unknown node" until gossip gives it its real one.
+                    master_id = self.node_id(master)
+                    self._wait_for(
+                        lambda r=replica, m=master_id: r.execute_command("CLUSTER REPLICATE", m),
+                        "each replica to know its master by its id",
+                    )
+            self._wait_for(self._replicating, "every replica to acknowledge its master's writes")
         self._wait_for(self._agreed, "cluster_state:ok on every node")
 
-    def _agreed(self) -> bool:
-        for node in self.nodes:
-            info = node.execute_command("CLUSTER INFO")
-            if info["cluster_state"] != "ok" or int(info["cluster_known_nodes"]) != self.masters:
+    def _known(self, count: int) -> bool:
+        return all(int(node.execute_command("CLUSTER INFO")["cluster_known_nodes"]) == count for node in self.all_nodes)
+
+    def _replicating(self) -> bool:
+        for master, replicas in zip(self.nodes, self.replica_nodes, strict=True):
+            if not all(replica.info("replication").get("master_link_status") == "up" for replica in replicas):
+                return False
+            # WAIT counts the replicas that have the last write of its connection.
+            master.set(f"probe:{{{self.slot_tag(master)}}}", 1)
+            if master.execute_command("WAIT", len(replicas), 100) != len(replicas):
                 return False
         return True
+
+    def _agreed(self) -> bool:
+        for node in self.all_nodes:
+            info = node.execute_command("CLUSTER INFO")
+            if info["cluster_state"] != "ok" or int(info["cluster_known_nodes"]) != len(self.all_nodes):
+                return False
+        return True
+
+    def slot_tag(self, master: redis.Redis) -> str:
+        """A hash tag whose slot ``master`` serves (at the start)."""
+        index = self.nodes.index(master)
+        share = REDIS_CLUSTER_HASH_SLOTS // self.masters
+        for i in range(100_000):
+            if index * share <= key_slot(str(i).encode()) < (index + 1) * share:
+                return str(i)
+        raise LookupError(index)
 
     @staticmethod
     def _pings(node: redis.Redis) -> bool:
@@ -119,11 +191,18 @@ class Cluster:
         except redis.ConnectionError:
             return False
 
-    def _wait_for(self, condition, what: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not condition():
+    def _wait_for(self, condition, what: str, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+
+        def holds() -> bool:
+            try:
+                return bool(condition())
+            except redis.RedisError:  # e.g. CLUSTERDOWN while a replica takes over
+                return False
+
+        while not holds():
             for process in self.processes:
-                if process.poll() is not None:
+                if process.poll() is not None and process not in self.killed:
                     raise RuntimeError(f"A cluster node exited with {process.returncode}:\n{self.logs()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Timed out waiting for {what}:\n{self.logs()}")
@@ -133,12 +212,50 @@ class Cluster:
         return "\n".join(p.read_text()[-2000:] for p in self.directory.glob("*/server.log"))
 
     def stop(self) -> None:
-        for node in self.nodes:
+        for node in self.all_nodes:
             node.close()
         for process in self.processes:
-            process.kill()
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)  # a stopped process dies of SIGKILL only once resumed
+                process.kill()
         for process in self.processes:
             process.wait(timeout=10)
+
+    def process_of(self, node: redis.Redis) -> subprocess.Popen:
+        port = node.connection_pool.connection_kwargs["port"]
+        all_ports = self.ports + [port for ports in self.replica_ports for port in ports]
+        return self.processes[all_ports.index(port)]
+
+    def kill(self, node: redis.Redis) -> None:
+        """SIGKILL a node."""
+        process = self.process_of(node)
+        self.killed.append(process)
+        process.kill()
+        process.wait()
+
+    def restart(self, node: redis.Redis) -> None:
+        """Start a killed node again, with its cluster configuration: a master that was failed
+        over comes back as the replica of its successor."""
+        index = self.processes.index(self.process_of(node))
+        port = node.connection_pool.connection_kwargs["port"]
+        self.processes[index] = self._spawn(self.arguments[index], self.directory / str(port))
+        self._wait_for(lambda: self._pings(node), "the node to start again")
+
+    def wait_for_failover(self, master: redis.Redis, replica: redis.Redis, timeout: float = 20.0) -> None:
+        """Wait until ``replica`` serves the slots of the killed ``master``, as every live node sees it."""
+        live = [n for n in self.all_nodes if self.process_of(n) not in self.killed]
+
+        def took_over() -> bool:
+            for node in live:
+                info = node.execute_command("CLUSTER INFO")
+                if info["cluster_state"] != "ok":
+                    return False
+                owners = {master[1] for _, _, master, *_ in node.execute_command("CLUSTER SLOTS")}
+                if replica.connection_pool.connection_kwargs["port"] not in owners:
+                    return False
+            return True
+
+        self._wait_for(took_over, "the replica to take over its master's slots", timeout)
 
     def client(self, **options) -> RedisCluster:
         return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", port) for port in self.ports], **options)
@@ -235,3 +352,26 @@ def cluster_env(redis_client: redis.Redis, cluster_client: RedisCluster) -> Env:
     broker.emit_after("process_boot")
     backend = RedisBackend(client=cluster_client)
     return Env("redis", broker, backend, UniqueJobs(backend=backend))
+
+
+@pytest.fixture
+def replicated_cluster(tmp_path_factory):
+    """Three masters with one replica each, for one test (it kills a master); a replica takes
+    over 1 to 3 s after its master stopped answering. Skipped (failed in CI) if it cannot start."""
+    failures = []
+    for executable in _executables():
+        cluster = Cluster(executable, tmp_path_factory.mktemp("replicated-cluster"), replicas=1, node_timeout=1000)
+        try:
+            cluster.start()
+            break
+        except (OSError, RuntimeError, redis.RedisError) as e:
+            cluster.stop()
+            failures.append(f"{executable}: {e}")
+    else:
+        if os.environ.get("CI"):
+            raise RuntimeError("Could not start a Redis Cluster with replicas:\n" + "\n".join(failures))
+        pytest.skip("Could not start a Redis Cluster with replicas: " + "; ".join(failures))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -22,7 +22,8 @@ from pytest_redis import factories
 
 from dramatiq_unique import RedisBackend, StubBackend, UniqueJobs
 
-from .cluster import cluster_client, cluster_env, redis_cluster  # noqa: F401  (fixtures of a real Redis Cluster)
+from .cluster import cluster_client, cluster_env, redis_cluster, replicated_cluster  # noqa: F401  (real Redis Clusters)
+from .sentinel import replicated_redis  # noqa: F401  (a primary, two replicas and three sentinels)
 from .support import Env
 
 

@@ -9,6 +9,7 @@ from importlib import resources
 from typing import Any
 
 import redis
+import redis.sentinel
 from redis.commands.core import Script
 
 from ..errors import InvalidBackendOptions, LockBackendError
@@ -18,6 +19,9 @@ from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, Lo
 #: What redis-py raises when Redis cannot be reached or fails. RedisClusterException is
 #: no RedisError: a RedisCluster client raises it when no node of the cluster answers.
 _REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
+
+#: How often a change sent with WAIT follows NOSCRIPT, MOVED and ASK answers before it gives up.
+_REDIRECTS = 5
 
 #: The Lua functions every script starts with.
 _LIBRARY = "holders"
@@ -31,6 +35,9 @@ REPLACED_TTL = 7 * 24 * 60 * 60 * 1000
 #: above the 1,000 s beyond which ntpd refuses to step a clock).
 DEFAULT_FENCE_RETENTION = 20 * 60 * 1000
 
+#: How long a transition waits for its replicas (``min_replicas``) by default, in milliseconds.
+DEFAULT_REPLICA_TIMEOUT = 1000
+
 
 def _script_source(name: str, *, fence_retention: int) -> str:
     lua = resources.files(__package__).joinpath("lua")
@@ -39,28 +46,49 @@ def _script_source(name: str, *, fence_retention: int) -> str:
 
 
 class RedisBackend(LockBackend):
-    """A lock backend for Redis_ and Redis Cluster.
+    """A lock backend for Redis_, Redis Sentinel and Redis Cluster.
 
     Each transition is one Lua script called by SHA (one round trip); the
     client reloads a script by itself when the server answers ``NOSCRIPT``
     after a restart or failover. Times come from the Redis server's clock.
 
     Parameters:
-      client(Redis): An optional client, e.g. a ``RedisCluster``. If this is
-        passed, then ``url`` and the connection parameters are ignored.
+      client(Redis): An optional client, e.g. a ``RedisCluster`` or a Sentinel
+        ``master_for`` client. If this is passed, then ``url``, ``sentinels``
+        and the connection parameters are ignored.
       url(str): An optional connection URL, e.g. ``rediss://user:password@host:6379/1``.
         A password that holds ``/``, ``#``, ``?``, ``@`` or ``%`` must be
         percent-encoded, or left out of the URL and passed as ``password``.
+      sentinels(list[tuple[str, int]]): The ``(host, port)`` of each Redis
+        Sentinel to ask where the primary of ``service_name`` is: the backend
+        then talks to that primary, and to its successor after a failover.
+      service_name(str): The name the sentinels monitor the primary under
+        (``sentinel monitor <name> ...``); only with ``sentinels``.
+      sentinel_parameters(dict): Connection parameters for the sentinels
+        themselves (e.g. their ``password``), passed to
+        :class:`redis.sentinel.Sentinel` as ``sentinel_kwargs``; by default the
+        ``socket_*`` ones of ``parameters``.
       fence_retention(int): Milliseconds a lock's fencing token is kept after
         its last holder left or lapsed (a few dozen bytes per lock): tokens
         keep increasing through steps back of the server's clock shorter than
         this. See docs/fencing-tokens.md.
+      min_replicas(int): How many replicas must have each change of a lock
+        before it counts as made (``WAIT``, sent in the same round trip as
+        the change). A change that fewer replicas acknowledged within
+        ``replica_timeout`` raises :class:`LockBackendError`, so a lock is
+        never reported held when a failover may lose it. 0, the default,
+        waits for none. See docs/failover.md.
+      replica_timeout(int): Milliseconds a change waits for its
+        ``min_replicas`` replicas. The client's ``socket_timeout`` must be longer.
       **parameters: Connection parameters passed to :class:`redis.Redis`, or
-        added to those of the URL (e.g. ``socket_timeout``).
+        added to those of the URL (e.g. ``socket_timeout``), or passed to
+        the Sentinel ``master_for`` client.
 
     Raises:
-      InvalidBackendOptions: A ``ValueError``, if the URL cannot be used. Its
-        message quotes no part of the URL.
+      InvalidBackendOptions: A ``ValueError``, if the URL or the Sentinel
+        options cannot be used. Its message quotes no part of the URL and no
+        connection parameter.
+      ValueError: If ``fence_retention``, ``min_replicas`` or ``replica_timeout`` is not valid.
 
     .. _Redis: https://redis.io
     """
@@ -76,18 +104,31 @@ class RedisBackend(LockBackend):
         *,
         client: redis.Redis | redis.RedisCluster | None = None,
         url: str | None = None,
+        sentinels: Sequence[tuple[str, int]] | None = None,
+        service_name: str | None = None,
+        sentinel_parameters: Mapping[str, Any] | None = None,
         fence_retention: int = DEFAULT_FENCE_RETENTION,
+        min_replicas: int = 0,
+        replica_timeout: int = DEFAULT_REPLICA_TIMEOUT,
         **parameters: Any,
     ):
-        if isinstance(fence_retention, bool) or not isinstance(fence_retention, int) or fence_retention < 0:
-            raise ValueError(
-                f"RedisBackend has an invalid fence_retention={fence_retention!r}: "
-                "it must be an integer >= 0 (milliseconds)."
-            )
+        _check_integer("fence_retention", fence_retention, minimum=0, unit="milliseconds")
+        _check_integer("min_replicas", min_replicas, minimum=0, unit="replicas")
+        # WAIT's timeout 0 would block forever.
+        _check_integer("replica_timeout", replica_timeout, minimum=1, unit="milliseconds")
         if client is None:
-            client = _client_from_url(url, parameters) if url else redis.Redis(**parameters)
+            if sentinels is not None or service_name is not None or sentinel_parameters is not None:
+                client = _client_from_sentinels(url, sentinels, service_name, sentinel_parameters, parameters)
+            else:
+                client = _client_from_url(url, parameters) if url else redis.Redis(**parameters)
+        if min_replicas:
+            _check_socket_timeout(client, replica_timeout)
         self.client = client
         self.fence_retention = fence_retention
+        self.min_replicas = min_replicas
+        self.replica_timeout = replica_timeout
+        #: Set after a cluster node failed to answer: the slot map is read again before the next change.
+        self._stale_slots = False
 
         def script(name: str) -> Any:
             return self.client.register_script(_script_source(name, fence_retention=fence_retention))
@@ -175,7 +216,7 @@ class RedisBackend(LockBackend):
         return int(self._call(self._heartbeat, [key], [worker_id, ttl]))
 
     def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
-        reply = self._call(self._heartbeats, [key], [])
+        reply = self._call(self._heartbeats, [key], [], writes=False)
         entries = reply[1:]
         return int(reply[0]), {_text(entries[i]): int(float(entries[i + 1])) for i in range(0, len(entries), 2)}
 
@@ -240,7 +281,7 @@ class RedisBackend(LockBackend):
         return int(seconds) * 1000 + int(micros) // 1000
 
     def read(self, keys: Sequence[str]) -> tuple[int, list[LockRecord]]:
-        reply = self._call(self._read, list(keys), [])
+        reply = self._call(self._read, list(keys), [], writes=False)
         places: dict[str, dict[str, str]] = {}
         for i in range(1, len(reply), 3):
             places.setdefault(keys[int(reply[i]) - 1], {})[_text(reply[i + 1])] = _text(reply[i + 2])
@@ -273,7 +314,8 @@ class RedisBackend(LockBackend):
             args.append(len(fields))
             for field, count in fields.items():
                 args += (field, count)
-        self._call(self._add_counts, list(counts), args)
+        # Activity counters need no replica: a failover may lose a few seconds of counts, no lock.
+        self._call(self._add_counts, list(counts), args, writes=False)
 
     def read_counts(self, keys: Sequence[str]) -> list[dict[str, int]]:
         try:
@@ -285,19 +327,169 @@ class RedisBackend(LockBackend):
             raise _backend_error(e) from e
         return [{_text(field): int(count) for field, count in fields.items()} for fields in contents]
 
-    def _call(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+    def _call(self, script: Script, keys: list[str], args: list[Any], *, writes: bool = True) -> Any:
+        """Run ``script`` in one round trip; a script that ``writes`` also waits for
+        ``min_replicas`` replicas in that round trip."""
         deadline = None
         while True:
             try:
+                if writes and self.min_replicas:
+                    return self._call_replicated(script, keys, args)
                 return script(keys=keys, args=args)
-            except redis.exceptions.ClusterError as e:
+            except (redis.exceptions.ClusterError, redis.exceptions.TryAgainError) as e:
                 # redis-py gave up on redirects and TRYAGAIN answers, or the cluster is down.
                 deadline = deadline or time.monotonic() + self.cluster_retry_seconds
                 if time.monotonic() >= deadline:
                     raise _backend_error(e) from e
                 time.sleep(0.05)
             except _REDIS_ERRORS as e:
+                if isinstance(e, (redis.ConnectionError, redis.TimeoutError)) and _is_cluster(self.client):
+                    self._stale_slots = True  # a master may have failed over: ask for the slot map again
                 raise _backend_error(e) from e
+
+    def _call_replicated(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        # WAIT counts the replicas that have every write of the connection it is sent on: it goes
+        # in one pipeline with the script, to the node that owns the keys. redis-py's cluster
+        # pipeline would send a redirected script on another connection than its WAIT, so the
+        # node is chosen here, and a redirect sends both again.
+        node, asking = self._primary_for(keys[0]), False
+        for _ in range(_REDIRECTS):
+            pipe = node.pipeline(transaction=False)
+            if asking:
+                pipe.execute_command("ASKING")
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            self._append_wait(pipe)
+            *_, reply, acknowledged = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                # The server lost its scripts (a restart, a failover): the script did not run.
+                script.sha = node.script_load(script.script)
+                continue
+            if isinstance(reply, redis.exceptions.MovedError):
+                # The slot is served by another master now; the script did not run.
+                self._refresh_slots()
+                node, asking = self._primary_for(keys[0]), False
+                continue
+            if isinstance(reply, redis.exceptions.AskError):
+                # The slot is migrating and the keys are on the importing master already.
+                node, asking = self._node_at(reply.host, reply.port), True
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            self._check_wait(acknowledged)
+            return reply
+        # A slot that keeps moving: _call tries again for cluster_retry_seconds.
+        raise redis.exceptions.ClusterError(f"Redis Cluster redirected a lock script {_REDIRECTS} times.")
+
+    def _append_wait(self, pipe: Any) -> None:
+        """Append ``WAIT`` for ``min_replicas`` to a pipeline of lock scripts, after them: its
+        answer (the pipeline's last) tells whether enough replicas have every script's writes.
+        Check it with :meth:`_check_wait`. A pipeline of a cluster must hold the scripts of one
+        node only, and be that node's pipeline, as WAIT answers for its own connection."""
+        pipe.execute_command("WAIT", self.min_replicas, self.replica_timeout)
+
+    def _check_wait(self, acknowledged: Any) -> None:
+        """Raise :class:`LockBackendError` unless ``acknowledged``, the answer of the WAIT that
+        :meth:`_append_wait` appended, counts ``min_replicas`` replicas."""
+        if isinstance(acknowledged, Exception):
+            raise LockBackendError(
+                "The Redis lock backend failed: the server refused WAIT "
+                f"({type(acknowledged).__name__}: {acknowledged}); RedisBackend(min_replicas=...) needs a "
+                "server that accepts WAIT from clients."
+            )
+        if int(acknowledged) < self.min_replicas:
+            raise LockBackendError(
+                f"The Redis lock backend failed: {int(acknowledged)} of the {self.min_replicas} replicas that "
+                f"RedisBackend(min_replicas={self.min_replicas}) asks for acknowledged the change within "
+                f"replica_timeout={self.replica_timeout} ms. It was made on the primary, but a failover "
+                "now may lose it."
+            )
+
+    def _primary_for(self, key: str) -> Any:
+        """The client to send a change of ``key`` to: the master that owns it, for a cluster."""
+        client: Any = self.client
+        if not _is_cluster(client):
+            return client
+        if self._stale_slots:
+            self._refresh_slots()
+        return client.get_redis_connection(client.get_node_from_key(key))
+
+    def _node_at(self, host: str, port: int) -> Any:
+        client: Any = self.client
+        node = client.get_node(host=host, port=port)
+        if node is None:
+            self._refresh_slots()
+            node = client.get_node(host=host, port=port)
+        if node is None:
+            raise redis.exceptions.ClusterError(f"Redis Cluster redirected to an unknown node {host}:{port}.")
+        return client.get_redis_connection(node)
+
+    def _refresh_slots(self) -> None:
+        client: Any = self.client
+        client.nodes_manager.initialize()
+        self._stale_slots = False
+
+
+def _check_integer(name: str, value: Any, *, minimum: int, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"RedisBackend has an invalid {name}={value!r}: it must be an integer >= {minimum} ({unit}).")
+
+
+def _check_socket_timeout(client: Any, replica_timeout: int) -> None:
+    # A change that waits for its replicas longer than the socket allows would fail with a
+    # timeout, and redis-py's retry would run it again.
+    pool = getattr(client, "connection_pool", None)
+    socket_timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
+    if socket_timeout is not None and socket_timeout * 1000 <= replica_timeout:
+        raise ValueError(
+            f"RedisBackend has replica_timeout={replica_timeout} ms, but its client's socket_timeout is "
+            f"{socket_timeout} s: a change waiting for its replicas would time out first. Make socket_timeout "
+            "longer than replica_timeout, or replica_timeout shorter."
+        )
+
+
+def _client_from_sentinels(
+    url: str | None,
+    sentinels: Sequence[tuple[str, int]] | None,
+    service_name: str | None,
+    sentinel_parameters: Mapping[str, Any] | None,
+    parameters: dict[str, Any],
+) -> redis.Redis:
+    # No error quotes a value: a sentinel entry or a parameter may hold a password (SPEC S7).
+    usage = (
+        "Pass RedisBackend(sentinels=[(host, port), ...], service_name=..., sentinel_parameters={...}, "
+        "**parameters), or a client= of your own."
+    )
+    if url is not None:
+        raise InvalidBackendOptions(f"RedisBackend takes either url or sentinels, not both. {usage}")
+    if sentinels is None or service_name is None:
+        missing = "sentinels" if sentinels is None else "service_name"
+        raise InvalidBackendOptions(f"RedisBackend needs {missing} to connect through Redis Sentinel. {usage}")
+    if isinstance(sentinels, (str, bytes)) or not isinstance(sentinels, Sequence) or not sentinels:
+        raise InvalidBackendOptions(f"RedisBackend's sentinels must be a non-empty list of (host, port). {usage}")
+    for i, entry in enumerate(sentinels):
+        if (
+            not isinstance(entry, (tuple, list))
+            or len(entry) != 2
+            or not isinstance(entry[0], str)
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[1], int)
+        ):
+            raise InvalidBackendOptions(
+                f"RedisBackend's sentinels[{i}] is not a (host, port) pair of a str and an int "
+                "(it is not quoted, as it may hold a password)."
+            )
+    if not isinstance(service_name, str) or not service_name:
+        raise InvalidBackendOptions(f"RedisBackend's service_name must be a non-empty str. {usage}")
+    if sentinel_parameters is not None and not isinstance(sentinel_parameters, Mapping):
+        raise InvalidBackendOptions(f"RedisBackend's sentinel_parameters must be a dict. {usage}")
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        [(host, port) for host, port in sentinels],
+        sentinel_kwargs=dict(sentinel_parameters) if sentinel_parameters is not None else None,
+        **parameters,
+    )
+    # Its connections ask the sentinels for the primary's address whenever they (re)connect.
+    client: redis.Redis = sentinel.master_for(service_name)  # type: ignore[no-untyped-call]
+    return client
 
 
 def _client_from_url(url: str, parameters: dict[str, Any]) -> redis.Redis:
