@@ -22,28 +22,36 @@ unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX
 broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
-# The example holds each sync until the story has moved on, so that it prints the same lines on
-# every run; a real sync just calls the bank.
-may_finish = {42: threading.Event(), 43: threading.Event()}
+story = threading.Lock()  # one line at a time, each send's line before its message's lines
+names = {}  # message_id -> A, B, C: short names for the story
+syncs = []  # (account_id, name) of every sync that ran
+running = []  # the accounts syncing now
+most_at_once = {42: 0, 43: 0}
+beside_42 = []  # the syncs of account 43 that started while one of 42 ran
 started = threading.Semaphore(0)
-syncs = []  # (account_id, name of the message) of every sync that ran
-names = {}  # message_id -> a short name for the story: A, B, C
-naming = threading.Lock()  # a worker may start a message before send() has returned
+may_finish = {42: threading.Event(), 43: threading.Event()}  # holds the syncs until the story moved on
 
 
 @dramatiq.actor(lock="while_executing", on_conflict="reschedule", reschedule_delay=300)
 def sync_account_balance(account_id):
-    with naming:
+    with story:
         name = names[current_lock().message_id]
-    print(f"{name}: the sync of account {account_id} starts", flush=True)
-    syncs.append((account_id, name))
+        print(f"  {name} starts syncing account {account_id}", flush=True)
+        syncs.append((account_id, name))
+        if account_id == 43 and 42 in running:
+            beside_42.append(name)
+        running.append(account_id)
+        most_at_once[account_id] = max(most_at_once[account_id], running.count(account_id))
     started.release()
     may_finish[account_id].wait(10)  # stands for the call to the bank's API
+    with story:
+        running.remove(account_id)
 
 
 def rescheduled(event):
-    print(f"{names[event.message_id]}: met the run lock of {names[event.holders[0]]}", end="")
-    print(f", rescheduled to try again in {event.delay} ms", flush=True)
+    with story:
+        print(f"  {names[event.message_id]} met the run lock of {names[event.holders[0]]}:", end=" ")
+        print(f"rescheduled to try again in {event.delay} ms", flush=True)
     started.release()
 
 
@@ -51,10 +59,10 @@ unique.subscribe("rescheduled", rescheduled)
 
 
 def send(name, account_id):
-    with naming:
+    with story:
         message = sync_account_balance.send(account_id)
         names[message.message_id] = name
-    print(f"send sync_account_balance({account_id}) -> message {name}", flush=True)
+        print(f"send sync_account_balance({account_id}) -> {name}", flush=True)
 
 
 def main():
@@ -67,7 +75,8 @@ def main():
         started.acquire(timeout=10)  # C runs beside A: another account, another lock
         send("B", 42)
         started.acquire(timeout=10)  # B met A's lock
-        print("A and C finish.", flush=True)
+        with story:
+            print("  A and C finish", flush=True)
         may_finish[42].set()
         may_finish[43].set()
         broker.join(sync_account_balance.queue_name, timeout=10_000)
@@ -76,10 +85,11 @@ def main():
         worker.stop()
         broker.close()
         delete_keys(PREFIX)
-    runs_42 = [name for account, name in syncs if account == 42]
-    print(f"Account 42 synced {len(runs_42)} times ({', then '.join(runs_42)}), never two at once.")
-    runs_43 = [name for account, name in syncs if account == 43]
-    print(f"Account 43 synced {len(runs_43)} time ({runs_43[0]}), beside account 42.")
+    for account in (42, 43):
+        ran = [name for synced, name in syncs if synced == account]
+        syncs_ran = f"{len(ran)} sync{'s' if len(ran) > 1 else ''} ({' then '.join(ran)})"
+        print(f"Account {account}: {syncs_ran}, at most {most_at_once[account]} at a time.")
+    print(f"Syncs of account 43 that ran beside one of 42: {', '.join(beside_42) or 'none'}.")
 
 
 if __name__ == "__main__":
