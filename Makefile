@@ -1,10 +1,10 @@
-# Two commands on a fresh machine: `make demo` and `make test` (and `make bench`).
+# Two commands on a fresh machine: `make demo` and `make test` (and `make bench`, `make docs`).
 # Each builds its own virtual environment from pyproject.toml.
 
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench lint docs clean
 
 demo: $(VENV)/.demo
 	$(VENV)/bin/python examples/demo.py
@@ -19,6 +19,10 @@ test: $(VENV)/.test
 bench: $(VENV)/.test
 	$(VENV)/bin/python benchmarks/report.py
 
+# The documentation site in docs/_build/html, read afresh (-E): any Sphinx warning fails the build.
+docs: $(VENV)/.docs
+	$(VENV)/bin/sphinx-build -W --keep-going -n -E -q -b html docs docs/_build/html
+
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check dramatiq_unique tests examples benchmarks
@@ -31,9 +35,13 @@ $(VENV)/.demo: pyproject.toml $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install --quiet -e '.[demo]'
 	touch $@
 
+$(VENV)/.docs: pyproject.toml $(VENV)/bin/python
+	$(VENV)/bin/python -m pip install --quiet -e '.[docs]'
+	touch $@
+
 $(VENV)/.test: pyproject.toml $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
 	touch $@
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache docs/_build

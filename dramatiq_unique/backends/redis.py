@@ -39,14 +39,14 @@ def _script_source(name: str, *, fence_retention: int) -> str:
 
 
 class RedisBackend(LockBackend):
-    """A lock backend for Redis_ and Redis Cluster.
+    """A lock backend for `Redis <https://redis.io>`_ and Redis Cluster.
 
     Each transition is one Lua script called by SHA (one round trip); the
     client reloads a script by itself when the server answers ``NOSCRIPT``
     after a restart or failover. Times come from the Redis server's clock.
 
     Parameters:
-      client(Redis): An optional client, e.g. a ``RedisCluster``. If this is
+      client(redis.Redis): An optional client, e.g. a :class:`~redis.cluster.RedisCluster`. If this is
         passed, then ``url`` and the connection parameters are ignored.
       url(str): An optional connection URL, e.g. ``rediss://user:password@host:6379/1``.
         A password that holds ``/``, ``#``, ``?``, ``@`` or ``%`` must be
@@ -61,8 +61,6 @@ class RedisBackend(LockBackend):
     Raises:
       InvalidBackendOptions: A ``ValueError``, if the URL cannot be used. Its
         message quotes no part of the URL.
-
-    .. _Redis: https://redis.io
     """
 
     #: How long, in seconds, a call is tried again while Redis Cluster cannot run it yet
