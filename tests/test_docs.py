@@ -113,3 +113,19 @@ def test_the_requirement_id_check_finds_ids(text):
 @pytest.mark.parametrize("text", ["SHA-256, not MD5", "lock_ttl=5000", "HTTP2", "step 1"])
 def test_the_requirement_id_check_leaves_other_words(text):
     assert not requirement_id().search(text)
+
+
+SUBMODULE_IMPORT = re.compile(r"^\s*from (dramatiq_unique\.[\w.]+) import \(?([\w\s,]+)\)?", re.MULTILINE)
+
+
+def test_what_the_package_exports_is_imported_from_the_package():
+    # One import style in what users read and copy: from dramatiq_unique import RedisBackend, UniqueJobs.
+    sources = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md", *sorted((ROOT / "examples").glob("*.py"))]
+    found = []
+    for path in sources:
+        for match in SUBMODULE_IMPORT.finditer(path.read_text()):
+            names = {name.strip() for name in match.group(2).replace("\n", ",").split(",")} - {""}
+            exported = sorted(names & set(dramatiq_unique.__all__))
+            if exported:
+                found.append(f"{path.relative_to(ROOT)}: from {match.group(1)} import {', '.join(exported)}")
+    assert found == []
