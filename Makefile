@@ -3,8 +3,9 @@
 
 PYTHON ?= python3
 VENV ?= .venv
+OLDEST_VENV ?= .venv-oldest
 
-.PHONY: demo test bench lint docs clean
+.PHONY: demo test test-oldest bench lint docs clean
 
 demo: $(VENV)/.demo
 	$(VENV)/bin/python examples/demo.py
@@ -14,6 +15,11 @@ test: $(VENV)/.test
 	$(VENV)/bin/mypy --strict -p dramatiq_unique
 	$(VENV)/bin/mypy --strict tests/typing/user_code.py
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The tests once more, against the oldest versions pyproject.toml claims (.ci/oldest-versions.txt).
+test-oldest: $(OLDEST_VENV)/.test
+	$(OLDEST_VENV)/bin/python -c "import dramatiq, redis; print('dramatiq', dramatiq.__version__, 'redis-py', redis.__version__)"
+	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # Every figure of docs/performance.md from one run, with the machine it ran on (a few minutes).
 bench: $(VENV)/.test
@@ -43,5 +49,11 @@ $(VENV)/.test: pyproject.toml $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
 	touch $@
 
+$(OLDEST_VENV)/.test: pyproject.toml .ci/oldest-versions.txt
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -c .ci/oldest-versions.txt -e '.[test]'
+	touch $@
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache docs/_build
+	rm -rf $(VENV) $(OLDEST_VENV) build dist *.egg-info .pytest_cache docs/_build
