@@ -48,12 +48,12 @@ class ActivityCounter:
     Parameters:
       backend(LockBackend): Where the counts are kept.
       prefix(str): The lock prefix of their keys.
-      clock(callable): Now, in ms of the backend's clock, as estimated by the
+      clock(collections.abc.Callable): Now, in ms of the backend's clock, as estimated by the
         heartbeat thread; ``None`` until it knows, when this machine's clock is used.
-      flushed_elsewhere(callable): Whether a heartbeat thread flushes the
+      flushed_elsewhere(collections.abc.Callable): Whether a heartbeat thread flushes the
         counts; until it does, this counter flushes them from a thread of its own.
       interval(int): Milliseconds between two flushes of that thread.
-      logger(Logger): Where failed flushes are reported.
+      logger(logging.Logger): Where failed flushes are reported.
       retention(int): Milliseconds the counts of a minute are kept.
     """
 
@@ -178,7 +178,7 @@ class MinuteActivity:
       minute(int): The start of the minute, in ms since the epoch (the backend's clock).
       actor_name(str): The actor; ``""`` for events outside any message (a failed heartbeat).
       counts(Mapping[str, int]): How many events of each kind (see
-        :data:`~dramatiq_unique.events.EVENT_KINDS`); kinds without events are left out.
+        :data:`~dramatiq_unique.EVENT_KINDS`); kinds without events are left out.
     """
 
     minute: int

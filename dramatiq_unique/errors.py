@@ -85,7 +85,11 @@ class EnqueueCancelled(UniqueError):
     """Raised inside ``before_enqueue`` to stop an enqueue that ``send()`` then reports as not enqueued.
 
     :class:`UniqueJobs` catches it around the broker's ``enqueue`` and returns
-    :attr:`message`, whose :func:`enqueue_outcome` says what happened.
+    its ``message``, whose :func:`enqueue_outcome` says what happened.
+
+    Parameters:
+      reason(str): Why the message was not enqueued.
+      message(dramatiq.Message): The message that was not enqueued.
     """
 
     def __init__(self, reason: str, message: AnyMessage):

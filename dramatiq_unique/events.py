@@ -40,9 +40,6 @@ EVENT_KINDS = frozenset(
     {ACQUIRED, CONFLICT, RELEASED, LAPSED, LEASE_LOST, REAPED, BACKEND_ERROR, RESCHEDULED, REJECTED, REPLACED}
 )
 
-#: A subscriber: called with each event of the kinds it subscribed to; what it returns is ignored.
-Subscriber = Callable[["LockEvent"], object]
-
 
 @dataclass(slots=True)
 class LockEvent:
@@ -91,6 +88,10 @@ class LockEvent:
     error: Exception | None = None
 
 
+#: A subscriber: called with each event of the kinds it subscribed to; what it returns is ignored.
+Subscriber = Callable[[LockEvent], object]
+
+
 class Events:
     """Subscribers, by event kind, and the delivery of events to them.
 
@@ -100,7 +101,7 @@ class Events:
     been called.
 
     Parameters:
-      logger(Logger): Where failing subscribers are reported.
+      logger(logging.Logger): Where failing subscribers are reported.
     """
 
     def __init__(self, *, logger: logging.Logger):

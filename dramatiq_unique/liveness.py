@@ -76,7 +76,7 @@ class Liveness:
         :meth:`add_prefix` adds others.
       lease_period(int): Milliseconds a run lock is held without a renewal.
       heartbeat_interval(int): Milliseconds between two heartbeats.
-      logger(Logger): Where to report.
+      logger(logging.Logger): Where to report.
       events(Events): Where lost leases and backend errors are told.
     """
 

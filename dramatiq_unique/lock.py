@@ -44,10 +44,10 @@ class MessageLock:
     Parameters:
       backend(LockBackend): Where the locks are stored.
       config(LockConfig): The message's lock options.
-      message(Message): The message.
+      message(dramatiq.Message): The message.
       digest(str): The message's digest.
       outcome(EnqueueOutcome): What the message recorded when it was enqueued.
-      logger(Logger): Where to report a lapsed lock.
+      logger(logging.Logger): Where to report a lapsed lock.
       liveness(Liveness): This process's heartbeat thread: it renews the
         run lock's lease and retries failed releases. Without
         it, run locks last ``lock_ttl`` and failed releases are only logged.
@@ -86,7 +86,7 @@ class MessageLock:
         )
         self.enqueue_token = outcome.token
         self.enqueue_expires_at = outcome.expires_at
-        #: How often the message was rescheduled so far: the count carries over.
+        #: How often the message was rescheduled so far; the count carries over.
         self.reschedules = outcome.reschedules
         #: The owner of this processing attempt's place in the run lock.
         self.run_owner: str | None = None
@@ -113,7 +113,7 @@ class MessageLock:
         enqueued, or computed from its arguments.
 
         Parameters:
-          outcome(EnqueueOutcome): The message's :func:`enqueue_outcome`, if the caller has it already.
+          outcome(EnqueueOutcome): The message's :func:`~dramatiq_unique.enqueue_outcome`, if the caller has it already.
 
         Raises:
           LockArgumentsError: If the digest cannot be computed.

@@ -71,9 +71,12 @@ class UniqueJobs(CrashSafety, Middleware):
 
         broker.add_middleware(UniqueJobs(backend=RedisBackend(url=...)), before=TimeLimit)
 
-    Each keyword argument below is also an actor option (``@dramatiq.actor(lock=...)``)
-    and, except ``lock_args_method``, a message option (``send_with_options``);
-    the message's value wins over the actor's, which wins over the one given here.
+    The keyword arguments from ``lock`` to ``max_reschedules`` are also actor
+    options (``@dramatiq.actor(lock=...)``) and, except ``lock_args_method``,
+    message options (``send_with_options``); the message's value wins over the
+    actor's, which wins over the one given here. Those from ``lease_period`` on
+    are options of the middleware only: crash safety (see docs/crash-safety.md)
+    and lock events (see docs/events-and-metrics.md).
 
     Parameters:
       backend(LockBackend): Where locks are stored.
@@ -83,17 +86,13 @@ class UniqueJobs(CrashSafety, Middleware):
       on_conflict(str|dict): The conflict strategy, or ``{"client": ..., "server": ...}``.
       lock_limit(int): How many messages of one digest may hold the lock at once.
       lock_ttl(int): Milliseconds after which a lock lapses; ``None`` for never.
-      lock_args_method(callable): Called with a message's arguments, returns
+      lock_args_method(collections.abc.Callable): Called with a message's arguments, returns
         the JSON value that decides uniqueness. Defaults to all arguments.
       lock_prefix(str): The prefix of every key.
       unique_across_queues(bool): Leave the queue out of the digest.
       unique_across_actors(bool): Leave the actor out of the digest.
       reschedule_delay(int): Milliseconds before a rescheduled duplicate tries again.
       max_reschedules(int): How often a duplicate may be rescheduled; ``None`` for no limit.
-
-    These are options of the middleware only (see docs/crash-safety.md):
-
-    Parameters:
       lease_period(int): Milliseconds a run lock is held without a renewal: a
         worker renews the run locks of the messages it runs, and a dead
         worker's run locks are free again within this time.
@@ -111,13 +110,9 @@ class UniqueJobs(CrashSafety, Middleware):
       background_releases(bool): In a worker, give up a finished message's
         enqueue lock from a thread of the process, many in one round trip,
         so that the worker thread goes on to its next message at once. The
-        lock is then held a little longer (see docs/performance.md); a
+        lock is then held a little longer (see docs/crash-safety.md); a
         ``send()`` in the same process waits for such a release of its lock.
-
-    And these of the lock events (see docs/events-and-metrics.md):
-
-    Parameters:
-      metrics(bool|CollectorRegistry): Count lock events in Prometheus
+      metrics(bool|prometheus_client.CollectorRegistry): Count lock events in Prometheus
         counters: ``True`` for prometheus_client's default registry, or the
         registry to use. Needs ``pip install 'dramatiq-unique[prometheus]'``.
       activity(bool): Count lock events per minute in the lock backend, for
@@ -227,7 +222,7 @@ class UniqueJobs(CrashSafety, Middleware):
 
     @property
     def lock_prefixes(self) -> tuple[str, ...]:
-        """Every lock prefix in use: the middleware's and those of the actors declared with their own."""
+        """Every lock prefix in use, the middleware's and those of the actors declared with their own."""
         return self.reaper.prefixes
 
     def lock_config(self, actor_name: str) -> LockConfig | None:
@@ -240,7 +235,7 @@ class UniqueJobs(CrashSafety, Middleware):
     def subscribe(self, kind: str | Iterable[str], callback: Subscriber) -> None:
         """Call ``callback`` with a :class:`~dramatiq_unique.events.LockEvent`
         for every lock event of ``kind`` (one of
-        :data:`~dramatiq_unique.events.EVENT_KINDS`, or several) in this
+        :data:`~dramatiq_unique.EVENT_KINDS`, or several) in this
         process. A callback that raises is logged; locking goes on.
 
         Raises:

@@ -49,10 +49,11 @@ class HolderInfo:
 
     Parameters:
       message_id(str): The message that holds the place.
-      state(str): ``"queued"`` or ``"running"``, as recorded: an enqueue lock
-        records ``"queued"`` at enqueue, and ``"running"`` only where its
-        message records that it starts (``replace``, or a lock taken again
-        after it lapsed).
+      state(str): ``"queued"`` or ``"running"``, as the lock recorded it, not
+        where the message is now: an enqueue lock records ``"queued"`` at
+        enqueue and keeps it while its message runs, except where the message
+        records that it starts (``replace``, or a lock taken again after it
+        lapsed); a run lock is always ``"running"``. See docs/operations.md.
       worker_id(str): The worker process running the message, for run locks.
       acquired_at(int): When the place was taken, in ms of the backend's clock.
       expires_at(int): When the place lapses, in ms of the backend's clock;

@@ -131,7 +131,7 @@ class MessageOptionsCheck:
     once per actor and option.
 
     Parameters:
-      logger(Logger): Where misspellings are reported.
+      logger(logging.Logger): Where misspellings are reported.
     """
 
     def __init__(self, logger: logging.Logger) -> None:

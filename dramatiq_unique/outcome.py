@@ -65,7 +65,7 @@ class EnqueueOutcome:
 
     @property
     def enqueued(self) -> bool:
-        """Whether the message went onto its queue: it will run. Its status
+        """Whether the message went onto its queue, and so will run. Its status
         says whether it holds its lock (``"enqueued"``) or not (``"unlocked"``)."""
         return self.status in (ENQUEUED, UNLOCKED)
 

@@ -95,7 +95,7 @@ class Reaper:
       prefix(str): The lock prefix of the reaper's own keys (leader lock,
         schedule, cursor), and the first whose locks it reaps;
         :meth:`add_prefix` adds others.
-      logger(Logger): Where each released lock is reported.
+      logger(logging.Logger): Where each released lock is reported.
       batch(int): About how many keys one pass inspects.
       min_age(int): Enqueue locks younger than this (ms) are never reaped.
       confirm_delay(float): Seconds between the two looks for a message.
@@ -137,7 +137,7 @@ class Reaper:
         end or ``max_passes`` passes; do nothing if another reaper runs.
 
         Parameters:
-          broker(Broker): The broker to ask whether a message still exists;
+          broker(dramatiq.Broker): The broker to ask whether a message still exists;
             ``None`` (or a broker that cannot be asked) leaves enqueue locks alone.
           max_passes(int): At most this many batches; ``None`` for a full cycle.
         """
@@ -357,13 +357,13 @@ def reap_orphans(
 
     Parameters:
       backend(LockBackend): Where the locks are.
-      broker(Broker): The broker to ask whether a message still exists.
+      broker(dramatiq.Broker): The broker to ask whether a message still exists.
       prefix(str): The middleware's lock prefix.
       actor_prefixes(Iterable[str]): The ``lock_prefix`` of actors that have
         their own: their locks are reaped in the same run.
       max_passes(int): At most this many batches; ``None`` for a full cycle.
       batch(int): About how many keys one pass inspects.
-      logger(Logger): Where each released lock is reported.
+      logger(logging.Logger): Where each released lock is reported.
     """
     reaper = Reaper(
         backend,

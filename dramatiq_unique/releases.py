@@ -39,6 +39,8 @@ from .keys import ENQUEUE
 if TYPE_CHECKING:
     from .lock import MessageLock
 
+__all__ = ["BackgroundReleases"]
+
 #: The most releases sent in one round trip.
 MAX_BATCH = 256
 
@@ -52,8 +54,8 @@ class BackgroundReleases:
 
     Parameters:
       backend(LockBackend): Where the locks are.
-      logger(Logger): Where failed releases are reported.
-      retry(Callable): Called with ``(key, owner)`` of each release that
+      logger(logging.Logger): Where failed releases are reported.
+      retry(collections.abc.Callable): Called with ``(key, owner)`` of each release that
         failed, to try it again later (the heartbeat thread's job).
       max_batch(int): The most releases in one round trip.
     """

@@ -157,12 +157,12 @@ def _decode(owner: str, holder: str, names: str | None) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class LockRecord:
-    """One holder's place in a lock, as stored, found by :meth:`LockBackend.scan`.
+    """One holder's place in a lock, as stored, found by :meth:`~dramatiq_unique.LockBackend.scan`.
 
     Parameters:
       key(str): The lock's key.
       owner(str): The owner of the place.
-      record(str): The place exactly as stored; :meth:`LockBackend.release_record`
+      record(str): The place exactly as stored; :meth:`~dramatiq_unique.LockBackend.release_record`
         only gives the place up while it is still this.
       expires_at(int): When the place lapses, in ms of the backend's clock; ``None`` for never.
       token(int): The place's fencing token.
@@ -185,7 +185,7 @@ class LockRecord:
 
     @classmethod
     def parse(cls, key: str, owner: str, record: str, names: str | None = None) -> LockRecord:
-        """Read a place as :func:`format_record` wrote it, or as earlier versions did.
+        """Read a place as ``format_record()`` wrote it, or as earlier versions did.
 
         Parameters:
           names(str): The lock's ``names`` field: the actor and queue of holders that leave them out.
@@ -225,9 +225,9 @@ class Acquisition:
       expires_at(int): When the caller's place lapses, in milliseconds of the
         backend's clock; ``None`` when it never does.
       holders(tuple[str]): When not acquired, the message_ids holding the lock.
-      replaced(str): The queued holder whose place the caller took (:meth:`LockBackend.replace`).
+      replaced(str): The queued holder whose place the caller took (:meth:`~dramatiq_unique.LockBackend.replace`).
       superseded(bool): The caller's own queued place was taken by a newer
-        message (:meth:`LockBackend.swap`): the caller must not run.
+        message (:meth:`~dramatiq_unique.LockBackend.swap`): the caller must not run.
     """
 
     acquired: bool
@@ -238,7 +238,7 @@ class Acquisition:
     superseded: bool = False
 
 
-#: Answers of :meth:`LockBackend.claim`.
+#: Answers of :meth:`~dramatiq_unique.LockBackend.claim`.
 HELD = "held"
 LAPSED = "lapsed"
 SUPERSEDED = "superseded"
@@ -311,8 +311,8 @@ class LockBackend(abc.ABC):
         give the place up (``release``) or record it as running (``holder``).
 
         Returns:
-          str: :data:`HELD`; :data:`LAPSED` when ``owner`` held no place; or
-          :data:`SUPERSEDED` when a newer message took its place, in which case
+          str: ``"held"``; ``"lapsed"`` when ``owner`` held no place; or
+          ``"superseded"`` when a newer message took its place, in which case
           the owner is removed from the set at ``replaced_key`` and must not run.
         """
 
@@ -420,7 +420,8 @@ class LockBackend(abc.ABC):
 
         Parameters:
           key(str): The lock's key.
-          records(Mapping): owner -> the place as it was read (:attr:`LockRecord.record`).
+          records(Mapping): owner -> the place as it was read (the ``record``
+            of its :class:`~dramatiq_unique.backends.LockRecord`).
 
         Returns:
           list[str]: The owners whose places were given up.

@@ -46,16 +46,16 @@ def _script_source(name: str, *, fence_retention: int) -> str:
 
 
 class RedisBackend(LockBackend):
-    """A lock backend for Redis_, Redis Sentinel and Redis Cluster.
+    """A lock backend for `Redis <https://redis.io>`_, Redis Sentinel and Redis Cluster.
 
     Each transition is one Lua script called by SHA (one round trip); the
     client reloads a script by itself when the server answers ``NOSCRIPT``
     after a restart or failover. Times come from the Redis server's clock.
 
     Parameters:
-      client(Redis): An optional client, e.g. a ``RedisCluster`` or a Sentinel
-        ``master_for`` client. If this is passed, then ``url``, ``sentinels``
-        and the connection parameters are ignored.
+      client(redis.Redis): An optional client, e.g. a :class:`~redis.cluster.RedisCluster`
+        or a Sentinel ``master_for`` client. If this is passed, then ``url``,
+        ``sentinels`` and the connection parameters are ignored.
       url(str): An optional connection URL, e.g. ``rediss://user:password@host:6379/1``.
         A password that holds ``/``, ``#``, ``?``, ``@`` or ``%`` must be
         percent-encoded, or left out of the URL and passed as ``password``.
@@ -89,8 +89,6 @@ class RedisBackend(LockBackend):
         options cannot be used. Its message quotes no part of the URL and no
         connection parameter.
       ValueError: If ``fence_retention``, ``min_replicas`` or ``replica_timeout`` is not valid.
-
-    .. _Redis: https://redis.io
     """
 
     #: How long, in seconds, a call is tried again while Redis Cluster cannot run it yet

@@ -24,12 +24,12 @@ class Conflict:
     """A message that could not take its lock because other messages hold it.
 
     Parameters:
-      broker(Broker): The broker the message goes through.
-      message(Message): The duplicate.
+      broker(dramatiq.Broker): The broker the message goes through.
+      message(dramatiq.Message): The duplicate.
       lock(MessageLock): The duplicate's locks, to give up or keep.
       holders(tuple[str]): The message_ids holding the lock.
       side(str): ``"client"`` or ``"server"``.
-      logger(Logger): The middleware's logger.
+      logger(logging.Logger): The middleware's logger.
       delay(int): The delay the duplicate was sent with, in milliseconds, if any.
     """
 
@@ -87,12 +87,12 @@ class ConflictStrategy:
     ``before_process_message`` and must stop the message from running, e.g.
     by raising :class:`dramatiq.middleware.SkipMessage`.
 
-    Register your own with :func:`dramatiq_unique.strategies.register_strategy`.
+    Register your own with :func:`~dramatiq_unique.register_strategy`.
     """
 
     #: The name used in ``@dramatiq.actor(on_conflict=...)``.
     name: ClassVar[str]
-    #: Where the strategy can be used: a subset of ``{"client", "server"}``.
+    #: Where the strategy can be used, a subset of ``{"client", "server"}``.
     sides: ClassVar[frozenset[str]] = frozenset({CLIENT, SERVER})
     #: Whether a new message takes the place of a queued holder at enqueue
     #: instead of meeting a conflict (``replace``).

@@ -113,10 +113,10 @@ class LocksWebApp:
     Parameters:
       locks(Locks): The locks it shows.
       allow_unlock(bool): Whether unlock buttons are shown and unlocking is accepted.
-      authorize(callable): Called with the WSGI environ of each request; only
+      authorize(collections.abc.Callable): Called with the WSGI environ of each request; only
         when it returns True may the request unlock. ``None`` lets every
         request unlock when ``allow_unlock`` is set.
-      broker(Broker): The broker, to tell whether a queued holder's message
+      broker(dramatiq.Broker): The broker, to tell whether a queued holder's message
         is still in it (RedisBroker, StubBroker).
       middleware(UniqueJobs): The middleware of the application, to say what
         a new send would meet and how old a worker's heartbeat is.
@@ -382,9 +382,9 @@ def make_wsgi_app(
       lock_prefix(str): The middleware's lock prefix.
       actor_prefixes(Iterable[str]): The ``lock_prefix`` of actors that have their own.
       allow_unlock(bool): Show unlock buttons and accept unlocking; read-only by default.
-      authorize(callable): Called with the WSGI environ; only when it returns
+      authorize(collections.abc.Callable): Called with the WSGI environ; only when it returns
         True may the request unlock.
-      broker(Broker): The broker, to tell whether a queued message is still in it.
+      broker(dramatiq.Broker): The broker, to tell whether a queued message is still in it.
       secret(bytes): The key of the CSRF tokens, the same in every process
         serving the page; random when ``None``.
       allowed_hosts(Iterable[str]): The ``Host`` headers it answers; ``None``

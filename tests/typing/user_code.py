@@ -11,19 +11,20 @@ from dramatiq.middleware import TimeLimit
 from prometheus_client import CollectorRegistry
 
 from dramatiq_unique import (
+    ActivityReport,
     EnqueueOutcome,
     Explanation,
     HeldLock,
+    LockEvent,
     LockInfo,
     Locks,
     StubBackend,
     UniqueJobs,
     current_lock,
     enqueue_outcome,
+    read_activity,
     require_current_lock,
 )
-from dramatiq_unique.activity import ActivityReport, read_activity
-from dramatiq_unique.events import LockEvent
 
 backend = StubBackend()
 unique = UniqueJobs(backend=backend, metrics=CollectorRegistry())
