@@ -12,7 +12,8 @@ What a user sees of it:
   trip, plus the one in flight when it was handed over (see
   docs/performance.md for the figures measured);
 * a ``send()`` in the same process never meets a lock whose release is waiting:
-  it waits for that release first (:meth:`BackgroundReleases.settle`);
+  it sends that release itself, or waits for the round trip that carries it
+  (:meth:`BackgroundReleases.settle`);
 * a warm shutdown sends every release before the worker leaves the registry;
   a failed release is tried again by the heartbeat thread, as any other;
 * after a ``kill -9``, the releases not sent yet are left to the orphan reaper
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from .backends import LockBackend
@@ -127,10 +129,21 @@ class BackgroundReleases:
         return True
 
     def settle(self, key: str) -> None:
-        """Wait until every release of ``key`` handed over so far is answered."""
+        """Wait until every release of ``key`` handed over so far is answered.
+
+        A release of ``key`` still waiting for the thread is sent at once by the
+        caller: the thread may be busy (or be the caller, in an event subscriber).
+        """
         if key not in self._unsettled:  # nearly always: no lock taken for nothing
             return
         with self._changed:
+            mine = [lock for lock in self._waiting if lock.enqueue_key == key]
+            if mine:
+                self._waiting = [lock for lock in self._waiting if lock.enqueue_key != key]
+        if mine:
+            self._release(mine)
+        with self._changed:
+            # What is left is in flight in another thread's round trip.
             self._changed.wait_for(lambda: key not in self._unsettled, timeout=SETTLE_TIMEOUT)
 
     def _run(self) -> None:
@@ -140,29 +153,37 @@ class BackgroundReleases:
                 if not self._waiting:
                     return  # stopping, and nothing left to send
                 batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]
-            try:
-                self._send(batch)
-            except Exception:  # the thread must outlive anything
-                self.logger.exception("Lock releases of %d finished messages failed.", len(batch))
-            finally:
-                with self._changed:
-                    for lock in batch:
-                        key = lock.enqueue_key
-                        left = self._unsettled[key] - 1
-                        if left:
-                            self._unsettled[key] = left
-                        else:
-                            del self._unsettled[key]
-                    self._changed.notify_all()
+            self._release(batch)
 
-    def _send(self, batch: list[MessageLock]) -> None:
+    def _release(self, batch: list[MessageLock]) -> None:
+        """Send the releases of ``batch``, mark them answered, then tell the
+        subscribers: one that sends a message of the same lock finds it settled."""
+        events: list[Callable[[], None]] = []
+        try:
+            events = self._send(batch)
+        except Exception:  # neither the thread nor a send() may die of it
+            self.logger.exception("Lock releases of %d finished messages failed.", len(batch))
+        finally:
+            with self._changed:
+                for lock in batch:
+                    key = lock.enqueue_key
+                    left = self._unsettled[key] - 1
+                    if left:
+                        self._unsettled[key] = left
+                    else:
+                        del self._unsettled[key]
+                self._changed.notify_all()
+        for emit in events:
+            emit()
+
+    def _send(self, batch: list[MessageLock]) -> list[Callable[[], None]]:
+        """Send the releases of ``batch``; returns the events to emit about them."""
         places = [(lock.enqueue_key, lock.message.message_id) for lock in batch]
         try:
             released = self.backend.release_many(places)
         except LockBackendError as e:
-            for lock, (key, owner) in zip(batch, places, strict=True):
+            for key, owner in places:
                 self.retry(key, owner)
-                lock.emit(BACKEND_ERROR, reason="release", error=e)
             self.logger.warning(
                 "The locks of %d finished messages (the first: message %r of actor %r) could not be released: %s. "
                 "This worker tries again; the orphan reaper or the locks' lock_ttl frees them if that fails too.",
@@ -171,6 +192,8 @@ class BackgroundReleases:
                 batch[0].message.actor_name,
                 e,
             )
-            return
-        for lock, was_held in zip(batch, released, strict=True):
-            lock.emit(RELEASED if was_held else LAPSED, lock_kind=ENQUEUE)
+            return [partial(lock.emit, BACKEND_ERROR, reason="release", error=e) for lock in batch]
+        return [
+            partial(lock.emit, RELEASED if was_held else LAPSED, lock_kind=ENQUEUE)
+            for lock, was_held in zip(batch, released, strict=True)
+        ]
