@@ -77,21 +77,27 @@ class BackgroundReleases:
         #: Key -> releases of it handed over and not answered yet.
         self._unsettled: dict[str, int] = {}
         self._users = 0
-        self._stopping = False
         self._thread: threading.Thread | None = None
+        #: Set when the thread is to stop once nothing waits any more.
+        self._stopping = threading.Event()
 
     @property
     def running(self) -> bool:
-        return self._thread is not None
+        """Whether the thread runs and takes releases."""
+        return self._thread is not None and not self._stopping.is_set()
 
     def start(self) -> None:
         """Start the thread; called once per Worker started in the process."""
         with self._changed:
             self._users += 1
-            if self._thread is not None:
+            if self.running:
                 return
-            self._stopping = False
-            self._thread = threading.Thread(target=self._run, name="dramatiq-unique-releases", daemon=True)
+            # A thread that is stopping (the last Worker is leaving) finishes on its
+            # own; this Worker gets a thread of its own.
+            self._stopping = threading.Event()
+            self._thread = threading.Thread(
+                target=self._run, args=(self._stopping,), name="dramatiq-unique-releases", daemon=True
+            )
             self._thread.start()
 
     def stop(self) -> None:
@@ -99,13 +105,16 @@ class BackgroundReleases:
         stop the thread. Later releases are sent by the threads that make them."""
         with self._changed:
             self._users -= 1
-            if self._users > 0 or self._thread is None:
+            if self._users > 0 or not self.running:
                 return
-            thread, self._stopping = self._thread, True
+            thread, stopping = self._thread, self._stopping
+            stopping.set()
             self._changed.notify_all()
+        assert thread is not None
         thread.join()
         with self._changed:
-            self._thread = None
+            if self._thread is thread:  # no Worker started another meanwhile
+                self._thread = None
 
     @property
     def idle(self) -> bool:
@@ -121,7 +130,7 @@ class BackgroundReleases:
         """
         key = lock.enqueue_key
         with self._changed:
-            if self._thread is None or self._stopping:
+            if not self.running:
                 return False
             self._waiting.append(lock)
             self._unsettled[key] = self._unsettled.get(key, 0) + 1
@@ -146,10 +155,10 @@ class BackgroundReleases:
             # What is left is in flight in another thread's round trip.
             self._changed.wait_for(lambda: key not in self._unsettled, timeout=SETTLE_TIMEOUT)
 
-    def _run(self) -> None:
+    def _run(self, stopping: threading.Event) -> None:
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: self._waiting or self._stopping)
+                self._changed.wait_for(lambda: self._waiting or stopping.is_set())
                 if not self._waiting:
                     return  # stopping, and nothing left to send
                 batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]

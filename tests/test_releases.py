@@ -317,3 +317,33 @@ def test_a_message_enqueued_again_keeps_its_lock_when_its_last_release_was_late(
         gate.set()
     env.join(settle)
     assert duplicate.status == "duplicate", "the running copy's lock was freed by its previous run's release"
+
+
+def test_a_worker_started_while_the_last_one_stops_has_a_release_thread(make_env):
+    # A Worker started in the process while the last one stops (its release thread still
+    # sending) found that thread still there, started none, and was left without one.
+    env = make_env()
+    releases = HeldReleases(env)
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    settle.send("first")
+    first = env.worker()
+    assert releases.entered.wait(10)
+    stopper = threading.Thread(target=first.stop)
+    stopper.start()
+    # The stopping worker is in after_worker_shutdown, waiting for the release thread.
+    wait_for(lambda: not env.middleware.releases.running)
+    assert stopper.is_alive()
+    env.workers.remove(first)
+    env.worker()
+    releases.open()
+    stopper.join(10)
+    assert not stopper.is_alive()
+    message = settle.send("e1")
+    env.join(settle)
+    wait_for(lambda: message.message_id in releases.released)
+    assert releases.threads[-1] == "dramatiq-unique-releases"
+    assert env.middleware.releases.running
