@@ -85,7 +85,11 @@ def canonical_json(value: Any) -> bytes:
     """
     # dramatiq.encoder.JSONEncoder: json.dumps with its defaults (ASCII only, NaN allowed).
     # Nearly every value arrives as it is sent: it needs no trip through JSON and back.
-    received = value if _arrives_unchanged(value) else json.loads(json.dumps(value, separators=(",", ":")))
+    try:
+        unchanged = _arrives_unchanged(value)
+    except RecursionError:  # nested deeper than a walk in Python goes, not than json does
+        unchanged = False
+    received = value if unchanged else json.loads(json.dumps(value, separators=(",", ":")))
     canonical = json.dumps(received, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return canonical.encode("utf-8", "surrogatepass")
 

@@ -12,7 +12,8 @@ What a user sees of it:
   trip, plus the one in flight when it was handed over (see
   docs/performance.md for the figures measured);
 * a ``send()`` in the same process never meets a lock whose release is waiting:
-  it waits for that release first (:meth:`BackgroundReleases.settle`);
+  it sends that release itself, or waits for the round trip that carries it
+  (:meth:`BackgroundReleases.settle`);
 * a warm shutdown sends every release before the worker leaves the registry;
   a failed release is tried again by the heartbeat thread, as any other;
 * after a ``kill -9``, the releases not sent yet are left to the orphan reaper
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from .backends import LockBackend
@@ -77,21 +79,27 @@ class BackgroundReleases:
         #: Key -> releases of it handed over and not answered yet.
         self._unsettled: dict[str, int] = {}
         self._users = 0
-        self._stopping = False
         self._thread: threading.Thread | None = None
+        #: Set when the thread is to stop once nothing waits any more.
+        self._stopping = threading.Event()
 
     @property
     def running(self) -> bool:
-        return self._thread is not None
+        """Whether the thread runs and takes releases."""
+        return self._thread is not None and not self._stopping.is_set()
 
     def start(self) -> None:
         """Start the thread; called once per Worker started in the process."""
         with self._changed:
             self._users += 1
-            if self._thread is not None:
+            if self.running:
                 return
-            self._stopping = False
-            self._thread = threading.Thread(target=self._run, name="dramatiq-unique-releases", daemon=True)
+            # A thread that is stopping (the last Worker is leaving) finishes on its
+            # own; this Worker gets a thread of its own.
+            self._stopping = threading.Event()
+            self._thread = threading.Thread(
+                target=self._run, args=(self._stopping,), name="dramatiq-unique-releases", daemon=True
+            )
             self._thread.start()
 
     def stop(self) -> None:
@@ -99,13 +107,16 @@ class BackgroundReleases:
         stop the thread. Later releases are sent by the threads that make them."""
         with self._changed:
             self._users -= 1
-            if self._users > 0 or self._thread is None:
+            if self._users > 0 or not self.running:
                 return
-            thread, self._stopping = self._thread, True
+            thread, stopping = self._thread, self._stopping
+            stopping.set()
             self._changed.notify_all()
+        assert thread is not None
         thread.join()
         with self._changed:
-            self._thread = None
+            if self._thread is thread:  # no Worker started another meanwhile
+                self._thread = None
 
     @property
     def idle(self) -> bool:
@@ -121,7 +132,7 @@ class BackgroundReleases:
         """
         key = lock.enqueue_key
         with self._changed:
-            if self._thread is None or self._stopping:
+            if not self.running:
                 return False
             self._waiting.append(lock)
             self._unsettled[key] = self._unsettled.get(key, 0) + 1
@@ -129,44 +140,63 @@ class BackgroundReleases:
         return True
 
     def settle(self, key: str) -> None:
-        """Wait until every release of ``key`` handed over so far is answered."""
+        """Wait until every release of ``key`` handed over so far is answered.
+
+        A release of ``key`` still waiting for the thread is sent at once by the
+        caller: the thread may be busy (or be the caller, in an event subscriber).
+        """
         if key not in self._unsettled:  # nearly always: no lock taken for nothing
             return
         with self._changed:
+            mine = [lock for lock in self._waiting if lock.enqueue_key == key]
+            if mine:
+                self._waiting = [lock for lock in self._waiting if lock.enqueue_key != key]
+        if mine:
+            self._release(mine)
+        with self._changed:
+            # What is left is in flight in another thread's round trip.
             self._changed.wait_for(lambda: key not in self._unsettled, timeout=SETTLE_TIMEOUT)
 
-    def _run(self) -> None:
+    def _run(self, stopping: threading.Event) -> None:
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: self._waiting or self._stopping)
+                self._changed.wait_for(lambda: self._waiting or stopping.is_set())
                 if not self._waiting:
                     return  # stopping, and nothing left to send
                 batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]
-            try:
-                self._send(batch)
-            except Exception:  # the thread must outlive anything, and no lock may stay behind
-                self.logger.exception("Lock releases of %d finished messages failed; they are tried again.", len(batch))
-                for lock in batch:
-                    self.retry(lock.enqueue_key, lock.message.message_id)
-            finally:
-                with self._changed:
-                    for lock in batch:
-                        key = lock.enqueue_key
-                        left = self._unsettled[key] - 1
-                        if left:
-                            self._unsettled[key] = left
-                        else:
-                            del self._unsettled[key]
-                    self._changed.notify_all()
+            self._release(batch)
 
-    def _send(self, batch: list[MessageLock]) -> None:
+    def _release(self, batch: list[MessageLock]) -> None:
+        """Send the releases of ``batch``, mark them answered, then tell the
+        subscribers: one that sends a message of the same lock finds it settled."""
+        events: list[Callable[[], None]] = []
+        try:
+            events = self._send(batch)
+        except Exception:  # neither the thread nor a send() may die of it, and no lock may stay behind
+            self.logger.exception("Lock releases of %d finished messages failed; they are tried again.", len(batch))
+            for lock in batch:
+                self.retry(lock.enqueue_key, lock.message.message_id)
+        finally:
+            with self._changed:
+                for lock in batch:
+                    key = lock.enqueue_key
+                    left = self._unsettled[key] - 1
+                    if left:
+                        self._unsettled[key] = left
+                    else:
+                        del self._unsettled[key]
+                self._changed.notify_all()
+        for emit in events:
+            emit()
+
+    def _send(self, batch: list[MessageLock]) -> list[Callable[[], None]]:
+        """Send the releases of ``batch``; returns the events to emit about them."""
         places = [(lock.enqueue_key, lock.message.message_id) for lock in batch]
         try:
             released = self.backend.release_many(places)
         except LockBackendError as e:
-            for lock, (key, owner) in zip(batch, places, strict=True):
+            for key, owner in places:
                 self.retry(key, owner)
-                lock.emit(BACKEND_ERROR, reason="release", error=e)
             self.logger.warning(
                 "The locks of %d finished messages (the first: message %r of actor %r) could not be released: %s. "
                 "This worker tries again; the orphan reaper or the locks' lock_ttl frees them if that fails too.",
@@ -175,6 +205,8 @@ class BackgroundReleases:
                 batch[0].message.actor_name,
                 e,
             )
-            return
-        for lock, was_held in zip(batch, released, strict=True):
-            lock.emit(RELEASED if was_held else LAPSED, lock_kind=ENQUEUE)
+            return [partial(lock.emit, BACKEND_ERROR, reason="release", error=e) for lock in batch]
+        return [
+            partial(lock.emit, RELEASED if was_held else LAPSED, lock_kind=ENQUEUE)
+            for lock, was_held in zip(batch, released, strict=True)
+        ]

@@ -723,3 +723,15 @@ def test_an_earlier_versions_place_beside_compact_ones(redis_backend):
     assert claimed == "held"
     assert actors_of(scan_all(redis_backend)) == expected
     assert {r.owner: r.holder["state"] for r in scan_all(redis_backend)} == {"m2": "running", "m3": "queued"}
+
+
+def test_release_many_gives_up_each_place_as_release_does(backend):
+    # Locks of several digests (several hash slots on a Cluster), a place given twice, and one never held.
+    keys = [f"dramatiq-unique:{{d{i}}}" for i in range(6)]
+    for i, key in enumerate(keys):
+        assert backend.acquire(key, f"m{i}", limit=1, ttl=None, holder=holder(f"m{i}")).acquired
+    places = [(key, f"m{i}") for i, key in enumerate(keys)] + [(keys[0], "m0"), (keys[1], "nobody")]
+    assert backend.release_many(places) == [True] * 6 + [False, False]
+    assert backend.release_many([]) == []
+    for i, key in enumerate(keys):
+        assert backend.acquire(key, f"n{i}", limit=1, ttl=None, holder=holder(f"n{i}")).acquired

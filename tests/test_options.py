@@ -373,3 +373,22 @@ def test_a_misspelt_message_option_is_logged_once_with_the_right_name(env, caplo
     assert "'job'" in warnings[0] and "'lock_tll'" in warnings[0] and "'lock_ttl'" in warnings[0]
     assert "'other'" in warnings[1] and "'lock_tll'" in warnings[1]
     assert "'on_conflcit'" in warnings[2] and "'on_conflict'" in warnings[2]
+
+
+def test_deeply_nested_arguments_are_locked_as_before(stub_env):
+    # P5 (issue 11): the shortcut walks the value in Python, which runs out of stack long
+    # before Dramatiq's JSON encoder does: such a value still gets the digest of the round trip.
+    env = stub_env
+    value: list = []
+    for _ in range(600):
+        value = [value]
+
+    @env.actor(lock="until_executed")
+    def job(tree):
+        pass
+
+    through_json = json.loads(json.dumps(value, separators=(",", ":")))
+    expected = json.dumps(through_json, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical_json(value) == expected.encode("utf-8", "surrogatepass")
+    assert enqueue_outcome(job.send(value)).enqueued
+    assert not enqueue_outcome(job.send(value)).enqueued

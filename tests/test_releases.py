@@ -20,6 +20,7 @@ from dramatiq_unique import (
     UniqueJobs,
     enqueue_outcome,
 )
+from dramatiq_unique import releases as releases_module
 from dramatiq_unique.events import RELEASED
 
 from .support import Env, unique_warnings, wait_for
@@ -110,7 +111,7 @@ def test_releases_that_wait_go_out_together_in_one_round_trip(redis_quiet_env):
     assert all(env.is_free(enqueue_outcome(settle.message(f"e{i}")).digest or "") for i in range(50))
 
 
-def test_a_send_waits_for_the_release_of_its_lock_by_this_process(make_env):
+def test_a_send_gives_up_a_waiting_release_of_its_lock_itself(make_env):
     env = make_env()
     releases = HeldReleases(env)
     runs = []
@@ -122,20 +123,23 @@ def test_a_send_waits_for_the_release_of_its_lock_by_this_process(make_env):
     settle.send("first")
     env.worker()
     assert releases.entered.wait(10)
-    # "e1" ran and is done; its release waits behind the first one's.
-    settle.send("e1")
+    # "e1" ran and is done; its release waits behind the first one's, which the thread is busy with.
+    finished = settle.send("e1")
     wait_for(lambda: runs == ["first", "e1"])
     time.sleep(0.05)
     outcomes = []
-    sender = threading.Thread(target=lambda: outcomes.append(enqueue_outcome(settle.send("e1"))))
+    sender = threading.Thread(target=lambda: outcomes.append(enqueue_outcome(settle.send("e1"))), name="sender")
     sender.start()
-    time.sleep(0.2)
-    assert outcomes == []  # it waits for the release
-    releases.open()
     sender.join(10)
-    assert outcomes[0].status == "enqueued"
+    try:
+        assert outcomes[0].status == "enqueued"
+        # The sender sent the release it found waiting, and no thread sends it again.
+        assert releases.threads[1:] == ["sender"] and releases.released[1:] == [finished.message_id]
+    finally:
+        releases.open()
     env.join(settle)
     assert runs == ["first", "e1", "e1"]
+    assert releases.released.count(finished.message_id) == 1
 
 
 def test_a_warm_shutdown_sends_every_release_before_the_worker_is_gone(make_env):
@@ -230,3 +234,122 @@ def test_without_background_releases_the_worker_thread_releases(make_env):
 def test_background_releases_must_be_a_boolean():
     with pytest.raises(InvalidLockOptions, match=r"background_releases='yes': it must be True or False"):
         UniqueJobs(backend=StubBackend(), background_releases="yes")
+
+
+def test_a_subscriber_of_released_sends_the_same_job_without_waiting(make_env):
+    # A RELEASED subscriber runs in the release thread: a send() there of the job whose
+    # release it is told of must not wait for that very thread (it waited SETTLE_TIMEOUT).
+    env = make_env()
+    runs, sends = [], []
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        runs.append(event_id)
+
+    def send_again(event):
+        if len(sends) == 0:
+            started = time.monotonic()
+            message = settle.send("e1")
+            sends.append((time.monotonic() - started, enqueue_outcome(message).status))
+
+    env.middleware.subscribe(RELEASED, send_again)
+    settle.send("e1")
+    env.worker()
+    wait_for(lambda: sends)
+    env.join(settle)
+    elapsed, status = sends[0]
+    assert status == "enqueued"
+    assert elapsed < 1, f"the send waited {elapsed:.1f} s for the release thread it ran in"
+    assert runs == ["e1", "e1"]
+
+
+def test_a_send_is_not_dropped_for_a_release_that_waits_behind_a_slow_subscriber(make_env, monkeypatch):
+    # The release thread is busy in a subscriber for longer than a send waits for it: the
+    # send must not meet the lock of a message that finished long ago.
+    monkeypatch.setattr(releases_module, "SETTLE_TIMEOUT", 0.2)
+    env = make_env()
+    releases = HeldReleases(env)
+    runs = []
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        runs.append(event_id)
+
+    settle.send("first")
+    env.worker()
+    assert releases.entered.wait(10)
+    settle.send("e1")
+    wait_for(lambda: runs == ["first", "e1"])
+    time.sleep(0.05)
+    try:
+        outcome = enqueue_outcome(settle.send("e1"))
+    finally:
+        releases.open()
+    assert outcome.status == "enqueued", f"dropped as a duplicate of finished message {outcome.holder}"
+    env.join(settle)
+    assert runs == ["first", "e1", "e1"]
+
+
+def test_a_message_enqueued_again_keeps_its_lock_when_its_last_release_was_late(make_env, monkeypatch):
+    # The same message enqueued again (same message_id) while the release of its finished run
+    # waits behind a slow subscriber: that late release must not free the place it takes again.
+    monkeypatch.setattr(releases_module, "SETTLE_TIMEOUT", 0.2)
+    env = make_env()
+    releases = HeldReleases(env)
+    runs, gate = [], threading.Event()
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        runs.append(event_id)
+        if runs.count("e1") == 2:
+            assert gate.wait(10)
+
+    settle.send("first")
+    env.worker()
+    assert releases.entered.wait(10)
+    message = settle.send("e1")
+    wait_for(lambda: runs == ["first", "e1"])
+    time.sleep(0.05)
+    try:
+        env.broker.enqueue(message)
+    finally:
+        releases.open()
+    wait_for(lambda: runs == ["first", "e1", "e1"])
+    wait_for(lambda: len(releases.released) >= 2)
+    time.sleep(0.05)
+    try:
+        duplicate = enqueue_outcome(settle.send("e1"))
+    finally:
+        gate.set()
+    env.join(settle)
+    assert duplicate.status == "duplicate", "the running copy's lock was freed by its previous run's release"
+
+
+def test_a_worker_started_while_the_last_one_stops_has_a_release_thread(make_env):
+    # A Worker started in the process while the last one stops (its release thread still
+    # sending) found that thread still there, started none, and was left without one.
+    env = make_env()
+    releases = HeldReleases(env)
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    settle.send("first")
+    first = env.worker()
+    assert releases.entered.wait(10)
+    stopper = threading.Thread(target=first.stop)
+    stopper.start()
+    # The stopping worker is in after_worker_shutdown, waiting for the release thread.
+    wait_for(lambda: not env.middleware.releases.running)
+    assert stopper.is_alive()
+    env.workers.remove(first)
+    env.worker()
+    releases.open()
+    stopper.join(10)
+    assert not stopper.is_alive()
+    message = settle.send("e1")
+    env.join(settle)
+    wait_for(lambda: message.message_id in releases.released)
+    assert releases.threads[-1] == "dramatiq-unique-releases"
+    assert env.middleware.releases.running
