@@ -26,16 +26,46 @@ from dramatiq_unique.events import RELEASED
 from .support import Env, unique_warnings, wait_for
 
 
+class Finished(dramatiq.Middleware):
+    """Counts the messages whose after_process_message hooks all ran: added before UniqueJobs,
+    its hook runs after that of UniqueJobs, which hands the release over."""
+
+    def __init__(self):
+        self.count = 0
+
+    def after_process_message(self, broker, message, *, result=None, exception=None):
+        self.count += 1
+
+
 class HeldReleases:
     """Holds the release thread inside its first RELEASED event until ``open()``: every
     release handed over meanwhile waits, unsent."""
 
     def __init__(self, env):
+        self.env = env
         self.entered = threading.Event()
         self._open = threading.Event()
         self.threads: list[str] = []
         self.released: list[str] = []
+        self.finished = Finished()
         env.middleware.subscribe(RELEASED, self)
+        env.broker.add_middleware(self.finished, before=UniqueJobs)
+
+    def hold(self, actor, threads: int = 4):
+        """Send ``actor``'s message "first" (kept as ``self.first``) and start a worker, whose
+        release thread then waits in that message's event; returns the worker."""
+        self.first = actor.send("first")
+        worker = self.env.worker(threads=threads)
+        assert self.entered.wait(10)
+        wait_for(lambda: self.finished.count == 1)
+        return worker
+
+    def finish(self, actor, *args):
+        """Send a message and wait until the worker is done with it: its release waits, unsent."""
+        done = self.finished.count
+        message = actor.send(*args)
+        wait_for(lambda: self.finished.count > done)
+        return message
 
     def __call__(self, event) -> None:
         self.threads.append(threading.current_thread().name)
@@ -74,34 +104,19 @@ def redis_quiet_env(redis_client):
     yield from env.run()
 
 
-class Finished(dramatiq.Middleware):
-    """Counts the messages whose after_process_message hooks all ran: added before UniqueJobs,
-    its hook runs after that of UniqueJobs, which hands the release over."""
-
-    def __init__(self):
-        self.count = 0
-
-    def after_process_message(self, broker, message, *, result=None, exception=None):
-        self.count += 1
-
-
 def test_releases_that_wait_go_out_together_in_one_round_trip(redis_quiet_env):
     env = redis_quiet_env
     releases = HeldReleases(env)
-    finished = Finished()
-    env.broker.add_middleware(finished, before=UniqueJobs)
 
     @env.actor(lock="until_executed")
     def settle(event_id):
         pass
 
-    settle.send("first")
-    env.worker(threads=8)
-    assert releases.entered.wait(10)
+    releases.hold(settle, threads=8)
     # The release thread waits in the first message's event; fifty more finish meanwhile.
     for i in range(50):
         settle.send(f"e{i}")
-    wait_for(lambda: finished.count == 51)
+    wait_for(lambda: releases.finished.count == 51)
     client = env.backend.client
     client.config_resetstat()
     releases.open()
@@ -120,13 +135,9 @@ def test_a_send_gives_up_a_waiting_release_of_its_lock_itself(make_env):
     def settle(event_id):
         runs.append(event_id)
 
-    settle.send("first")
-    env.worker()
-    assert releases.entered.wait(10)
+    releases.hold(settle)
     # "e1" ran and is done; its release waits behind the first one's, which the thread is busy with.
-    finished = settle.send("e1")
-    wait_for(lambda: runs == ["first", "e1"])
-    time.sleep(0.05)
+    done = releases.finish(settle, "e1")
     outcomes = []
     sender = threading.Thread(target=lambda: outcomes.append(enqueue_outcome(settle.send("e1"))), name="sender")
     sender.start()
@@ -134,12 +145,12 @@ def test_a_send_gives_up_a_waiting_release_of_its_lock_itself(make_env):
     try:
         assert outcomes[0].status == "enqueued"
         # The sender sent the release it found waiting, and no thread sends it again.
-        assert releases.threads[1:] == ["sender"] and releases.released[1:] == [finished.message_id]
+        assert releases.threads[1:] == ["sender"] and releases.released[1:] == [done.message_id]
     finally:
         releases.open()
     env.join(settle)
     assert runs == ["first", "e1", "e1"]
-    assert releases.released.count(finished.message_id) == 1
+    assert releases.released.count(done.message_id) == 1
 
 
 def test_a_warm_shutdown_sends_every_release_before_the_worker_is_gone(make_env):
@@ -151,12 +162,8 @@ def test_a_warm_shutdown_sends_every_release_before_the_worker_is_gone(make_env)
     def settle(event_id):
         runs.append(event_id)
 
-    first = settle.send("first")
-    worker = env.worker()
-    assert releases.entered.wait(10)
-    messages = [settle.send(f"e{i}") for i in range(5)]
-    wait_for(lambda: len(runs) == 6)
-    time.sleep(0.05)
+    worker = releases.hold(settle)
+    messages = [releases.finish(settle, f"e{i}") for i in range(5)]
     stopper = threading.Thread(target=worker.stop)
     stopper.start()
     time.sleep(0.1)
@@ -164,9 +171,10 @@ def test_a_warm_shutdown_sends_every_release_before_the_worker_is_gone(make_env)
     releases.open()
     stopper.join(10)
     assert not stopper.is_alive()
-    for message in [first, *messages]:
+    finished = [releases.first, *messages]
+    for message in finished:
         assert env.is_free(enqueue_outcome(message).digest)
-    assert sorted(releases.released) == sorted(m.message_id for m in [first, *messages])
+    assert sorted(releases.released) == sorted(m.message_id for m in finished)
 
 
 class FailingReleases(StubBackend):
@@ -275,12 +283,8 @@ def test_a_send_is_not_dropped_for_a_release_that_waits_behind_a_slow_subscriber
     def settle(event_id):
         runs.append(event_id)
 
-    settle.send("first")
-    env.worker()
-    assert releases.entered.wait(10)
-    settle.send("e1")
-    wait_for(lambda: runs == ["first", "e1"])
-    time.sleep(0.05)
+    releases.hold(settle)
+    releases.finish(settle, "e1")
     try:
         outcome = enqueue_outcome(settle.send("e1"))
     finally:
@@ -304,12 +308,8 @@ def test_a_message_enqueued_again_keeps_its_lock_when_its_last_release_was_late(
         if runs.count("e1") == 2:
             assert gate.wait(10)
 
-    settle.send("first")
-    env.worker()
-    assert releases.entered.wait(10)
-    message = settle.send("e1")
-    wait_for(lambda: runs == ["first", "e1"])
-    time.sleep(0.05)
+    releases.hold(settle)
+    message = releases.finish(settle, "e1")
     try:
         env.broker.enqueue(message)
     finally:
@@ -335,9 +335,7 @@ def test_a_worker_started_while_the_last_one_stops_has_a_release_thread(make_env
     def settle(event_id):
         pass
 
-    settle.send("first")
-    first = env.worker()
-    assert releases.entered.wait(10)
+    first = releases.hold(settle)
     stopper = threading.Thread(target=first.stop)
     stopper.start()
     # The stopping worker is in after_worker_shutdown, waiting for the release thread.
