@@ -149,14 +149,13 @@ class Events:
         with self._mutex:
             self._counters = (*self._counters, counter)
 
-    def wants(self, kind: str) -> bool:
-        """Whether anybody subscribed to ``kind``: build the event only then."""
-        return kind in self._subscribers
-
-    def count(self, kind: str, actor_name: str) -> None:
-        """Count an event that is not built, as nobody subscribed to its kind."""
+    def notify(self, kind: str, actor_name: str, build: Callable[[], LockEvent]) -> None:
+        """Count an event of ``kind`` about ``actor_name``, and call the subscribers
+        of its kind with the event ``build()`` returns, built only if there are any."""
         for counter in self._counters:
             counter(actor_name, kind)
+        if kind in self._subscribers:
+            self._deliver(build())
 
     def emit(self, event: LockEvent) -> None:
         """Count the event and call the subscribers of its kind; none of them can make this raise."""

@@ -337,7 +337,8 @@ class Liveness:
 
     def _backend_failed(self, what: str, error: LockBackendError) -> None:
         """Tell of a failure outside any message (a heartbeat, a release tried again)."""
-        if not self.events.wants(BACKEND_ERROR):
-            self.events.count(BACKEND_ERROR, "")
-        else:
-            self.events.emit(LockEvent(kind=BACKEND_ERROR, actor_name="", queue_name="", reason=what, error=error))
+        self.events.notify(
+            BACKEND_ERROR,
+            "",
+            lambda: LockEvent(kind=BACKEND_ERROR, actor_name="", queue_name="", reason=what, error=error),
+        )

@@ -178,12 +178,10 @@ class MessageLock:
         """Count what happened to this message's locks, and tell the
         subscribers of ``kind``; without subscribers, no event is built."""
         message = self.message
-        events = self.events
-        if not events.wants(kind):
-            events.count(kind, message.actor_name)
-            return
-        events.emit(
-            LockEvent(
+        self.events.notify(
+            kind,
+            message.actor_name,
+            lambda: LockEvent(
                 kind=kind,
                 actor_name=message.actor_name,
                 queue_name=q_name(message.queue_name),
@@ -199,7 +197,7 @@ class MessageLock:
                 replaced=replaced,
                 reason=reason,
                 error=error,
-            )
+            ),
         )
 
     def acquire_enqueue(

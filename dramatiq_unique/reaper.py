@@ -243,21 +243,21 @@ class Reaper:
         else:
             report.released_missing_messages += 1
         holder = record.holder
-        if not self.events.wants(REAPED):
-            self.events.count(REAPED, str(holder.get("actor", "")))
-        else:
-            self.events.emit(
-                LockEvent(
-                    kind=REAPED,
-                    actor_name=str(holder.get("actor", "")),
-                    queue_name=str(holder.get("queue", "")),
-                    digest=digest_of(record.key) or "",
-                    message_id=holder.get("message_id"),
-                    lock=holder.get("lock"),
-                    lock_kind=record.kind,
-                    reason=reason,
-                )
-            )
+        actor_name = str(holder.get("actor", ""))
+        self.events.notify(
+            REAPED,
+            actor_name,
+            lambda: LockEvent(
+                kind=REAPED,
+                actor_name=actor_name,
+                queue_name=str(holder.get("queue", "")),
+                digest=digest_of(record.key) or "",
+                message_id=holder.get("message_id"),
+                lock=holder.get("lock"),
+                lock_kind=record.kind,
+                reason=reason,
+            ),
+        )
         self.logger.warning(
             "The orphan reaper released lock %r of message %r of actor %r (%s): %s.",
             record.key,
