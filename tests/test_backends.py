@@ -584,6 +584,30 @@ def test_redis_a_held_lock_keeps_the_compact_encoding(redis_backend):
     assert list(redis_backend.client.hgetall(key)) == [b"fence"]
 
 
+def test_redis_scripts_read_and_write_a_lock_once(redis_client):
+    # P6 (issue 11): every call to Redis inside a script costs about as much as the work it does.
+    # Taking a new until_executed lock reads the clock and the hash once and writes the hash once;
+    # its release needs no clock (nothing lapses) and writes once.
+    backend = RedisBackend(client=redis_client)
+    holder = Holder("m1", "settle", "payments", "until_executed", "queued", None, str(uuid.uuid4()))
+    assert backend.acquire("dramatiq-unique:{warm}", "m1", limit=1, ttl=None, holder=holder).acquired
+    backend.release("dramatiq-unique:{warm}", "m1")
+
+    def inner_calls(transition) -> dict[str, int]:
+        redis_client.config_resetstat()
+        transition()
+        stats = redis_client.info("commandstats")
+        calls = {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()}
+        for outside in ("evalsha", "info", "config|resetstat"):
+            calls.pop(outside, None)
+        return calls
+
+    acquire = inner_calls(lambda: backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder))
+    assert acquire == {"time": 1, "hgetall": 1, "hset": 1, "persist": 1}
+    release = inner_calls(lambda: backend.release(KEY, "m1"))
+    assert release == {"hgetall": 1, "hdel": 1, "object|encoding": 1, "pexpireat": 1}
+
+
 def test_redis_release_compacts_only_a_hash_that_needs_it(redis_client):
     # P6 (issue 11): DUMP + RESTORE were most of a release's server time. A compact enqueue
     # lock (nearly all of them) skips them; a run lock whose long record made a hashtable of
