@@ -140,10 +140,50 @@ def measure(url: str, count: int = ROUNDS) -> Figures:
     return Figures(**results)
 
 
+@dataclass
+class ServerTime:
+    """Microseconds the Redis server spends per script call, from its INFO commandstats."""
+
+    trivial: float
+    acquire: float
+    release: float
+
+
+def server_time(url: str, calls: int = 2000) -> ServerTime:
+    """The server's own time per call of a trivial script, and of the acquire and the release of
+    an until_executed lock on a new key."""
+    client = redis.Redis.from_url(url)
+    trivial = client.register_script("return 1")
+    backend = RedisBackend(client=client)
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    message_id, redis_message_id = str(uuid.uuid4()), str(uuid.uuid4())
+    holder = Holder(message_id, "settle_payment", "payments", "until_executed", "queued", None, redis_message_id)
+    keys = [enqueue_key(prefix, uuid.uuid4().hex * 2) for _ in range(calls)]
+    trivial()  # loads the scripts
+    backend.acquire(f"{prefix}:warm", holder.message_id, limit=1, ttl=None, holder=holder)
+    backend.release(f"{prefix}:warm", holder.message_id)
+
+    def per_call(operation: Callable[[str], object]) -> float:
+        client.config_resetstat()
+        for key in keys:
+            operation(key)
+        return float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
+
+    figures = ServerTime(
+        trivial=per_call(lambda key: trivial()),
+        acquire=per_call(lambda key: backend.acquire(key, holder.message_id, limit=1, ttl=None, holder=holder)),
+        release=per_call(lambda key: backend.release(key, holder.message_id)),
+    )
+    client.delete(*keys, f"{prefix}:warm")
+    client.close()
+    return figures
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with redis_url() as url:
         figures = measure(url)
+        server = server_time(url)
     us = statistics.median
     print(f"One caller, {ROUNDS} rounds of {BLOCK} calls each:")
     print(f"  trivial EVALSHA round trip: {us(figures.trivial) * 1e6:.0f} us")
@@ -156,6 +196,10 @@ def main() -> None:
         f"  send() {us(figures.send_locked) * 1e6:.0f} us with an until_executed lock, "
         f"{us(figures.send_plain) * 1e6:.0f} us without the middleware: extra / one trivial EVALSHA "
         f"{us(figures.send):.2f} ({min(figures.send):.2f}-{max(figures.send):.2f}; target <= 1.3)"
+    )
+    print(
+        f"  server time per call: trivial script {server.trivial:.1f} us, acquire {server.acquire:.1f} us, "
+        f"release {server.release:.1f} us"
     )
 
 

@@ -14,10 +14,11 @@ import statistics
 import time
 
 try:
-    from . import failover, latency, memory, overhead, round_trips
+    from . import failover, hooks, latency, memory, overhead, round_trips
     from ._server import describe, redis_urls
 except ImportError:
     import failover
+    import hooks
     import latency
     import memory
     import overhead
@@ -53,6 +54,8 @@ def main() -> None:
         p1 = round_trips.measure_all(url)
         p4 = memory.measure(url)
         p6 = latency.measure(url)
+        server = latency.server_time(url)
+        hooks_us = hooks.measure()
         p3 = overhead.measure_p3(url, other_url)
         p2 = overhead.measure_p2(url)
         window = overhead.measure_release_window(url)
@@ -115,6 +118,10 @@ def main() -> None:
         f"Latency: trivial EVALSHA {statistics.median(p6.trivial) * 1e6:.0f} µs, acquire+release "
         f"{statistics.median(p6.acquire_release) * 1e6:.0f} µs, send() {statistics.median(p6.send_plain) * 1e6:.0f} µs "
         f"without the middleware and {statistics.median(p6.send_locked) * 1e6:.0f} µs with an until_executed lock"
+    )
+    print(
+        f"Server time per script call: trivial {server.trivial:.1f} µs, acquire {server.acquire:.1f} µs, "
+        f"release {server.release:.1f} µs; worker hooks {hooks_us:.1f} µs of Python per until_executed message"
     )
     print(f"Memory: one held lock {p4.record}; a released lock's fence {p4.fence:.0f} B (`{p4.fence_encoding}`)")
     print(

@@ -585,9 +585,8 @@ def test_redis_a_held_lock_keeps_the_compact_encoding(redis_backend):
 
 
 def test_redis_scripts_read_and_write_a_lock_once(redis_client):
-    # P6 (issue 11): every call to Redis inside a script costs about as much as the work it does.
-    # Taking a new until_executed lock reads the clock and the hash once and writes the hash once;
-    # its release needs no clock (nothing lapses) and writes once.
+    # P6 (issue 11): taking a new until_executed lock reads the clock and the hash once and
+    # writes the hash once; its release needs no clock (nothing lapses) and writes once.
     backend = RedisBackend(client=redis_client)
     holder = Holder("m1", "settle", "payments", "until_executed", "queued", None, str(uuid.uuid4()))
     assert backend.acquire("dramatiq-unique:{warm}", "m1", limit=1, ttl=None, holder=holder).acquired
@@ -609,9 +608,8 @@ def test_redis_scripts_read_and_write_a_lock_once(redis_client):
 
 
 def test_redis_release_compacts_only_a_hash_that_needs_it(redis_client):
-    # P6 (issue 11): DUMP + RESTORE were most of a release's server time. A compact enqueue
-    # lock (nearly all of them) skips them; a run lock whose long record made a hashtable of
-    # its hash is compacted as before.
+    # P6 (issue 11): a compact enqueue lock (nearly all of them) skips DUMP + RESTORE; a run
+    # lock whose long record made a hashtable of its hash is compacted as before.
     backend = RedisBackend(client=redis_client)
     acquire(backend, "warm")
     backend.release(KEY, "warm")

@@ -24,8 +24,7 @@
 local FENCE, NAMES = "fence", "names"
 local JSON = 123 -- "{", the first byte of a holder in JSON
 
--- Every call to Redis from a script costs about as much as the work it does, so
--- each script reads the clock at most once, reads a lock's hash once (HGETALL)
+-- Each script reads the clock at most once, reads a lock's hash once (HGETALL)
 -- and writes its fields in one HSET and one HDEL (write, flush).
 
 local now_ms, now_us = nil, nil
@@ -171,8 +170,8 @@ local function expire_with_holders(key, holders, count)
     -- restored, a hash of one short field takes the compact one: half the memory.
     -- (Deleting it and writing it again is refused by Redis Cluster while the
     -- key's slot migrates.) An ACL user may be denied RESTORE: the key then stays
-    -- as it is. A hash that is compact already (nearly every enqueue lock) costs
-    -- no DUMP: the pair is most of a release's server time.
+    -- as it is. A hash that is compact already (nearly every enqueue lock) needs
+    -- no DUMP and RESTORE.
     local encoding = redis.pcall("OBJECT", "ENCODING", key)
     if encoding == "hashtable" then
       local dumped = redis.pcall("DUMP", key)
