@@ -35,7 +35,7 @@ from dramatiq_unique import LockBackendError, RedisBackend, UniqueJobs, enqueue_
 from dramatiq_unique.backends import Holder  # noqa: E402
 from dramatiq_unique.outcome import ENQUEUED  # noqa: E402
 from tests.cluster import _executables  # noqa: E402
-from tests.sentinel import SERVICE, ReplicatedRedis  # noqa: E402
+from tests.sentinel import ReplicatedRedis  # noqa: E402
 
 THREADS = 4
 #: How long the threads send while the replicas lag, in seconds.
@@ -70,14 +70,7 @@ def _servers(directory: Path) -> ReplicatedRedis:
 
 
 def _backend(servers: ReplicatedRedis, min_replicas: int) -> RedisBackend:
-    return RedisBackend(
-        sentinels=servers.sentinel_addresses,
-        service_name=SERVICE,
-        min_replicas=min_replicas,
-        replica_timeout=REPLICA_TIMEOUT,
-        socket_timeout=1,
-        socket_connect_timeout=0.2,
-    )
+    return servers.backend(min_replicas=min_replicas, replica_timeout=REPLICA_TIMEOUT)
 
 
 def measure_loss(min_replicas: int) -> Loss:

@@ -312,22 +312,27 @@ def _executables() -> list[str]:
     return list(dict.fromkeys(found))
 
 
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory):
-    """A real three-master cluster for the whole session; skipped (failed in CI) if it cannot start."""
+def _started_cluster(directory_factory, what: str, **options) -> Cluster:
+    """A started cluster on the first server executable that can run one; skips the test
+    (fails it in CI) if none can."""
     failures = []
     for executable in _executables():
-        cluster = Cluster(executable, tmp_path_factory.mktemp("cluster"))
+        cluster = Cluster(executable, directory_factory(), **options)
         try:
             cluster.start()
-            break
+            return cluster
         except (OSError, RuntimeError, redis.RedisError) as e:
             cluster.stop()
             failures.append(f"{executable}: {e}")
-    else:
-        if os.environ.get("CI"):
-            raise RuntimeError("Could not start a Redis Cluster:\n" + "\n".join(failures))
-        pytest.skip("Could not start a Redis Cluster: " + "; ".join(failures))
+    if os.environ.get("CI"):
+        raise RuntimeError(f"Could not start {what}:\n" + "\n".join(failures))
+    pytest.skip(f"Could not start {what}: " + "; ".join(failures))
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A real three-master cluster for the whole session; skipped (failed in CI) if it cannot start."""
+    cluster = _started_cluster(lambda: tmp_path_factory.mktemp("cluster"), "a Redis Cluster")
     try:
         yield cluster
     finally:
@@ -358,19 +363,12 @@ def cluster_env(redis_client: redis.Redis, cluster_client: RedisCluster) -> Env:
 def replicated_cluster(tmp_path_factory):
     """Three masters with one replica each, for one test (it kills a master); a replica takes
     over 1 to 3 s after its master stopped answering. Skipped (failed in CI) if it cannot start."""
-    failures = []
-    for executable in _executables():
-        cluster = Cluster(executable, tmp_path_factory.mktemp("replicated-cluster"), replicas=1, node_timeout=1000)
-        try:
-            cluster.start()
-            break
-        except (OSError, RuntimeError, redis.RedisError) as e:
-            cluster.stop()
-            failures.append(f"{executable}: {e}")
-    else:
-        if os.environ.get("CI"):
-            raise RuntimeError("Could not start a Redis Cluster with replicas:\n" + "\n".join(failures))
-        pytest.skip("Could not start a Redis Cluster with replicas: " + "; ".join(failures))
+    cluster = _started_cluster(
+        lambda: tmp_path_factory.mktemp("replicated-cluster"),
+        "a Redis Cluster with replicas",
+        replicas=1,
+        node_timeout=1000,
+    )
     try:
         yield cluster
     finally:

@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from dramatiq_unique import RedisBackend
+
 from .cluster import _die_with_parent, _executables, _free_ports
 
 SERVICE = "locks"
@@ -187,6 +189,17 @@ class ReplicatedRedis:
     @property
     def sentinel_addresses(self) -> list[tuple[str, int]]:
         return [("127.0.0.1", port) for port in self.sentinel_ports]
+
+    def backend(self, *, min_replicas: int, replica_timeout: int) -> RedisBackend:
+        """A RedisBackend that finds the primary through the sentinels, with short socket timeouts."""
+        return RedisBackend(
+            sentinels=self.sentinel_addresses,
+            service_name=SERVICE,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
+            socket_timeout=1,
+            socket_connect_timeout=0.2,
+        )
 
     def sentinels(self) -> list[redis.Redis]:
         return [redis.Redis(port=port, socket_timeout=1, decode_responses=True) for port in self.sentinel_ports]

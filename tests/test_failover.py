@@ -32,7 +32,7 @@ from dramatiq_unique.backends import Holder
 from dramatiq_unique.events import BACKEND_ERROR
 from dramatiq_unique.outcome import ENQUEUED
 
-from .sentinel import FILLER, SERVICE, ReplicatedRedis, _start
+from .sentinel import FILLER, ReplicatedRedis, _start
 from .support import Env, Gate, wait_for
 
 #: How long a change waits for its replica in these tests (ms).
@@ -42,14 +42,7 @@ pytestmark = pytest.mark.slow
 
 
 def sentinel_backend(servers: ReplicatedRedis, min_replicas: int) -> RedisBackend:
-    return RedisBackend(
-        sentinels=servers.sentinel_addresses,
-        service_name=SERVICE,
-        min_replicas=min_replicas,
-        replica_timeout=REPLICA_TIMEOUT,
-        socket_timeout=1,
-        socket_connect_timeout=0.2,
-    )
+    return servers.backend(min_replicas=min_replicas, replica_timeout=REPLICA_TIMEOUT)
 
 
 def holder(message_id: str) -> Holder:
