@@ -111,7 +111,7 @@ class UniqueJobs(CrashSafety, Middleware):
         enqueue lock from a thread of the process, many in one round trip,
         so that the worker thread goes on to its next message at once. The
         lock is then held a little longer (see docs/crash-safety.md); a
-        ``send()`` in the same process waits for such a release of its lock.
+        ``send()`` in the same process never meets such a release of its lock.
       metrics(bool|prometheus_client.CollectorRegistry): Count lock events in Prometheus
         counters: ``True`` for prometheus_client's default registry, or the
         registry to use. Needs ``pip install 'dramatiq-unique[prometheus]'``.
