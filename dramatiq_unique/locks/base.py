@@ -20,8 +20,16 @@ class LockType:
 
     #: The name used in ``@dramatiq.actor(lock=...)``.
     name: ClassVar[str]
+    #: Its letter in the compact record of a holder (see docs/backends.md).
+    code: ClassVar[str]
     #: Whether the lock is taken when the message is enqueued.
     locks_at_enqueue: ClassVar[bool] = True
+    #: Whether the enqueue lock is still held while the actor runs.
+    holds_enqueue_lock_while_running: ClassVar[bool] = False
+    #: Whether a run lock is taken for each processing attempt.
+    takes_run_lock: ClassVar[bool] = False
+    #: Whether the lock outlives its message: only its TTL ends it.
+    outlives_message: ClassVar[bool] = False
     #: Whether the lock type needs ``lock_ttl`` to mean anything.
     requires_ttl: ClassVar[bool] = False
 

@@ -18,6 +18,8 @@ class UntilAndWhileExecuting(LockType):
     """
 
     name = "until_and_while_executing"
+    code = "a"
+    takes_run_lock = True
 
     def start(self, lock: MessageLock) -> Acquisition | None:
         return lock.swap_enqueue_for_run()

@@ -17,6 +17,8 @@ class UntilExecuted(LockType):
     """
 
     name = "until_executed"
+    code = "e"
+    holds_enqueue_lock_while_running = True
 
     def start(self, lock: MessageLock) -> Acquisition | None:
         lock.start_holding_enqueue()

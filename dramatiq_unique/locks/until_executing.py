@@ -17,6 +17,7 @@ class UntilExecuting(LockType):
     """
 
     name = "until_executing"
+    code = "s"
 
     def start(self, lock: MessageLock) -> Acquisition | None:
         lock.start_releasing_enqueue()

@@ -16,6 +16,8 @@ class WhileExecuting(LockType):
     """
 
     name = "while_executing"
+    code = "w"
+    takes_run_lock = True
     locks_at_enqueue = False
 
     def start(self, lock: MessageLock) -> Acquisition | None:
