@@ -28,7 +28,7 @@ class LockType:
     holds_enqueue_lock_while_running: ClassVar[bool] = False
     #: Whether a run lock is taken for each processing attempt.
     takes_run_lock: ClassVar[bool] = False
-    #: Whether the lock outlives its message: only its TTL ends it.
+    #: Whether the lock outlives its message; only its TTL ends it.
     outlives_message: ClassVar[bool] = False
     #: Whether the lock type needs ``lock_ttl`` to mean anything.
     requires_ttl: ClassVar[bool] = False
