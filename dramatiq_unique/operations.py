@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
     from .middleware import UniqueJobs
 
+__all__ = ["Explanation", "HolderInfo", "LockInfo", "Locks", "WorkerInfo"]
+
 
 class Locks:
     """The locks held in a backend: list them, look one up, explain why a
