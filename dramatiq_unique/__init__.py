@@ -16,8 +16,9 @@ from .errors import (
     UniqueError,
 )
 from .events import EVENT_KINDS, LockEvent
+from .held import Explanation, HolderInfo, LockInfo, WorkerInfo
 from .middleware import UniqueJobs
-from .operations import Explanation, HolderInfo, LockInfo, Locks
+from .operations import Locks
 from .outcome import EnqueueOutcome, enqueue_outcome
 from .reaper import ReapReport, reap_orphans
 from .strategies import ConflictStrategy, register_strategy
@@ -42,6 +43,7 @@ __all__ = [
     "Locks",
     "LockInfo",
     "HolderInfo",
+    "WorkerInfo",
     "Explanation",
     # Crash safety
     "ReapReport",

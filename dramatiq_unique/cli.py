@@ -8,7 +8,6 @@ the function that runs it; :data:`SUBCOMMANDS` lists them in the order of
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import importlib
 import json
@@ -23,18 +22,19 @@ from typing import Any, TextIO
 from urllib.parse import unquote
 
 import dramatiq
-import redis
 from dramatiq import Actor, Broker
 
 from . import __version__
 from .activity import read_activity
 from .backends import LockBackend, RedisBackend
 from .errors import InvalidBackendOptions, LockArgumentsError, LockBackendError
+from .held import LockInfo
 from .keys import digest_of
 from .middleware import UniqueJobs
-from .operations import HolderInfo, LockInfo, Locks, format_duration, unique_jobs_of
+from .operations import Locks, unique_jobs_of
 from .options import DEFAULT_LOCK_PREFIX
-from .reaper import reap_orphans
+from .presentation import count, describe_lock, lock_table, places, prefixes_phrase, table
+from .reaper import DEFAULT_BATCH, reap_orphans
 
 #: The exit codes.
 RET_OK = 0  # Done.
@@ -137,18 +137,22 @@ class Context:
         )
 
     @functools.cached_property
-    def prefixes(self) -> tuple[str, ...]:
-        if self.args.prefix:
-            return tuple(dict.fromkeys(self.args.prefix))
-        if self.app is not None:
-            unique = self.app.unique
-            return tuple(dict.fromkeys((unique.defaults["lock_prefix"], *unique.lock_prefixes)))
-        return (DEFAULT_LOCK_PREFIX,)
-
-    @functools.cached_property
     def locks(self) -> Locks:
-        lock_prefix, *actor_prefixes = self.prefixes
-        return Locks(self.backend, lock_prefix=lock_prefix, actor_prefixes=actor_prefixes)
+        return self.make_locks()
+
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        """The lock prefixes in use, the middleware's first."""
+        return self.locks.prefixes
+
+    def make_locks(self, *, batch: int = DEFAULT_BATCH) -> Locks:
+        """The locks in the backend under ``--prefix``, else under every prefix of the application."""
+        if self.args.prefix:
+            lock_prefix, *actor_prefixes = self.args.prefix
+            return Locks(self.backend, lock_prefix=lock_prefix, actor_prefixes=actor_prefixes, batch=batch)
+        if self.app is not None:
+            return Locks.from_middleware(self.app.unique, backend=self.backend, batch=batch)
+        return Locks(self.backend, lock_prefix=DEFAULT_LOCK_PREFIX, batch=batch)
 
     def print(self, text: str = "") -> None:
         print(text, file=self.out)
@@ -177,28 +181,12 @@ def connect(url: str) -> RedisBackend:
 
     Raises:
       CommandError: If the URL cannot be used; its message quotes no part of it.
+      LockBackendError: If the Redis cannot be reached.
     """
     try:
-        backend = RedisBackend(url=url, socket_connect_timeout=5, socket_timeout=10)
+        return RedisBackend.from_url(url, socket_connect_timeout=5, socket_timeout=10)
     except InvalidBackendOptions as e:
         raise CommandError(str(e), RET_URL) from None
-    try:
-        cluster_enabled = backend.client.info("cluster").get("cluster_enabled")
-    except redis.ResponseError:
-        cluster_enabled = False  # e.g. an ACL user denied INFO: a single server, as far as we can tell
-    except redis.RedisError as e:
-        raise CommandError(f"Cannot reach the lock backend: {type(e).__name__}: {e}", RET_CONNECT) from None
-    if not cluster_enabled:
-        return backend
-    # Listing must visit every master, which only a cluster client does.
-    backend.client.close()
-    try:
-        client = redis.RedisCluster.from_url(url, socket_connect_timeout=5, socket_timeout=10)
-    except ValueError:
-        raise CommandError("The Redis URL cannot be used for a Redis Cluster (it is not quoted).", RET_URL) from None
-    except (redis.RedisError, redis.exceptions.RedisClusterException) as e:
-        raise CommandError(f"Cannot reach the Redis Cluster: {type(e).__name__}: {e}", RET_CONNECT) from None
-    return RedisBackend(client=client)
 
 
 def import_object(value: str) -> tuple[ModuleType, Any]:
@@ -266,70 +254,6 @@ def _unique_jobs(broker: Broker) -> UniqueJobs:
 # Output ----------------------------------------------------------------------
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, indent: str = "") -> list[str]:
-    """Aligned columns, two spaces apart."""
-    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
-    return [
-        (indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))).rstrip()
-        for row in (headers, *rows)
-    ]
-
-
-def _age(holder: HolderInfo, lock: LockInfo) -> str:
-    return format_duration(lock.read_at - holder.acquired_at)
-
-
-def _ttl(holder: HolderInfo, lock: LockInfo) -> str:
-    return "never" if holder.expires_at is None else format_duration(holder.expires_at - lock.read_at)
-
-
-def lock_table(locks: Iterable[LockInfo], *, indent: str = "") -> list[str]:
-    """One row per holder, with its lock."""
-    headers = ("DIGEST", "KIND", "ACTOR", "QUEUE", "LOCK", "MESSAGE ID", "STATE", "AGE", "TTL", "WORKER")
-    rows = [
-        (
-            lock.digest,
-            lock.kind,
-            holder.actor,
-            holder.queue,
-            holder.lock,
-            holder.message_id,
-            holder.state,
-            _age(holder, lock),
-            _ttl(holder, lock),
-            holder.worker_id or "-",
-        )
-        for lock in locks
-        for holder in lock.holders
-    ]
-    return table(headers, rows, indent=indent)
-
-
-def holder_table(lock: LockInfo, *, indent: str = "  ") -> list[str]:
-    """The holders of one lock."""
-    headers = ("MESSAGE ID", "STATE", "AGE", "TTL", "TOKEN", "WORKER")
-    rows = [
-        (h.message_id, h.state, _age(h, lock), _ttl(h, lock), str(h.token), h.worker_id or "-") for h in lock.holders
-    ]
-    return table(headers, rows, indent=indent)
-
-
-def describe_lock(lock: LockInfo) -> list[str]:
-    """A lock and its holders, for ``show`` and ``explain``."""
-    lines = [f"{lock.kind} lock {lock.key}: {_count(len(lock.holders), 'holder')}"]
-    owners = sorted({(h.actor, h.queue, h.lock) for h in lock.holders})
-    lines += [f"  actor {actor}, queue {queue}, lock {kind}" for actor, queue, kind in owners]
-    return lines + holder_table(lock)
-
-
-def _count(number: int, noun: str, plural: str | None = None) -> str:
-    return f"{number} {noun if number == 1 else plural or noun + 's'}"
-
-
-def _places(locks: Sequence[LockInfo]) -> str:
-    return f"{_count(sum(len(lock.holders) for lock in locks), 'place')} in {_count(len(locks), 'lock')}"
-
-
 def _digest_argument(value: str) -> str:
     # A lock key, as the reaper's log lines name it, is accepted too.
     return digest_of(value) or value
@@ -356,12 +280,12 @@ def run_list(context: Context, args: argparse.Namespace) -> int:
         context.print_json([lock.as_dict() for lock in locks])
         return RET_OK
     if not locks:
-        context.print(f"No locks are held under {_prefixes(context)}" + _filters(args) + ".")
+        context.print(f"No locks are held under {prefixes_phrase(context.prefixes)}" + _filters(args) + ".")
         return RET_OK
     for line in lock_table(locks):
         context.print(line)
     context.print()
-    context.print(f"{_places(locks)} under {_prefixes(context)}" + _filters(args) + ".")
+    context.print(f"{places(locks)} under {prefixes_phrase(context.prefixes)}" + _filters(args) + ".")
     return RET_OK
 
 
@@ -466,25 +390,25 @@ def run_unlock(context: Context, args: argparse.Namespace) -> int:
             context.print(f"No locks of actor {args.actor!r} are held under prefix {context.prefixes[0]!r}.")
             return RET_OK
     if args.dry_run:
-        context.print(f"Would free {_places(found)} {what}:")
+        context.print(f"Would free {places(found)} {what}:")
         for line in lock_table(found, indent="  "):
             context.print(line)
         return RET_OK
     if not by_digest and not args.yes:
         question = (
-            f"Free {_places(found)} {what}? Their messages are not stopped, and duplicates of them can be sent then."
+            f"Free {places(found)} {what}? Their messages are not stopped, and duplicates of them can be sent then."
         )
         if not context.confirm(question):
             context.print("Nothing was freed.")
             return RET_ABORTED
     freed = context.locks.release(found)
-    context.print(f"Freed {_places(freed)} {what}" + (":" if freed else "."))
+    context.print(f"Freed {places(freed)} {what}" + (":" if freed else "."))
     for line in lock_table(freed, indent="  ") if freed else ():
         context.print(line)
     left = sum(len(lock.holders) for lock in found) - sum(len(lock.holders) for lock in freed)
     if left:
         print(
-            f"{_count(left, 'place')} changed after {'it was' if left == 1 else 'they were'} read (a holder renewed "
+            f"{count(left, 'place')} changed after {'it was' if left == 1 else 'they were'} read (a holder renewed "
             "its lease, re-entered or left) and stayed held; run the command again to see them.",
             file=context.err,
         )
@@ -520,9 +444,9 @@ def run_reap(context: Context, args: argparse.Namespace) -> int:
     if report.skipped:
         context.print("Another orphan reaper is running; this run did nothing.")
         return RET_OK
-    passes = _count(report.passes, "pass", "passes")
+    passes = count(report.passes, "pass", "passes")
     context.print(
-        f"The orphan reaper inspected {_count(report.inspected, 'lock place')} in {passes} "
+        f"The orphan reaper inspected {count(report.inspected, 'lock place')} in {passes} "
         f"({'a full cycle' if report.complete else 'stopped at --max-passes'}) in {report.seconds:.2f}s and released "
         f"{report.released}: {report.released_dead_workers} of dead workers, {report.released_missing_messages} of "
         "messages that no longer exist."
@@ -571,7 +495,7 @@ def run_stats(context: Context, args: argparse.Namespace) -> int:
         context.print_json(report.as_dict())
         return RET_OK
     totals = report.totals()
-    window = f"the last {_count(args.minutes, 'minute')} under prefix {context.prefixes[0]!r}"
+    window = f"the last {count(args.minutes, 'minute')} under prefix {context.prefixes[0]!r}"
     if not totals:
         context.print(f"No lock events in {window}.")
         return RET_OK
@@ -618,11 +542,8 @@ def run_web(context: Context, args: argparse.Namespace) -> int:
     except ImportError as e:
         raise CommandError(str(e), RET_IMPORT) from None
     app = context.app
-    locks = Locks(
-        context.backend, lock_prefix=context.prefixes[0], actor_prefixes=context.prefixes[1:], batch=SCAN_BATCH
-    )
     wsgi_app = LocksWebApp(
-        locks,
+        context.make_locks(batch=SCAN_BATCH),
         allow_unlock=args.allow_unlock,
         broker=app.broker if app is not None else None,
         middleware=app.unique if app is not None else None,
@@ -682,20 +603,15 @@ def _held(context: Context, digest: str, *, message_id: str | None = None) -> li
         raise CommandError(str(e), RET_USAGE) from None
     if not locks:
         hint = "" if len(digest) == 64 else " (a digest has 64 hexadecimal characters)"
-        raise CommandError(f"No lock of digest {digest!r} is held under {_prefixes(context)}{hint}.", RET_NOT_FOUND)
+        raise CommandError(
+            f"No lock of digest {digest!r} is held under {prefixes_phrase(context.prefixes)}{hint}.", RET_NOT_FOUND
+        )
     if message_id is None:
         return locks
-    mine = [lock for lock in locks if any(h.message_id == message_id for h in lock.holders)]
+    mine = [lock for lock in (lock.only(message_id=message_id) for lock in locks) if lock is not None]
     if not mine:
         raise CommandError(f"Message {message_id!r} holds no place in the locks of digest {digest!r}.", RET_NOT_FOUND)
-    return [
-        dataclasses.replace(lock, holders=tuple(h for h in lock.holders if h.message_id == message_id)) for lock in mine
-    ]
-
-
-def _prefixes(context: Context) -> str:
-    prefixes = context.prefixes
-    return ("prefix " if len(prefixes) == 1 else "prefixes ") + ", ".join(map(repr, prefixes))
+    return mine
 
 
 def _filters(args: argparse.Namespace) -> str:

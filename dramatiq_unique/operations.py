@@ -15,7 +15,7 @@ import builtins
 import dataclasses
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +24,12 @@ from dramatiq.logging import get_logger
 
 from .backends import LockBackend, LockRecord
 from .digest import compute_digest, lock_arguments
+from .held import QUEUED, STATES, Explanation, HolderInfo, LockInfo, WorkerInfo
 from .keys import ENQUEUE, RUN, digest_of, enqueue_key, prefix_of, run_key
+from .liveness import registry_key
 from .options import DEFAULT_LOCK_PREFIX, LockConfig
-from .reaper import DEFAULT_BATCH
+from .presentation import describe_holder, describe_holders
+from .reaper import DEFAULT_BATCH, locator_for
 from .strategies import CLIENT, SERVER
 
 if TYPE_CHECKING:
@@ -34,174 +37,13 @@ if TYPE_CHECKING:
 
     from .middleware import UniqueJobs
 
-#: The states a holder is recorded in.
-QUEUED = "queued"
-RUNNING = "running"
-STATES = (QUEUED, RUNNING)
-
-#: The lock types that take a run lock while the message runs.
-_RUN_LOCK_TYPES = frozenset({"while_executing", "until_and_while_executing"})
-
-
-@dataclass(frozen=True)
-class HolderInfo:
-    """One holder's place in a lock.
-
-    Parameters:
-      message_id(str): The message that holds the place.
-      state(str): ``"queued"`` or ``"running"``, as the lock recorded it, not
-        where the message is now: an enqueue lock records ``"queued"`` at
-        enqueue and keeps it while its message runs, except where the message
-        records that it starts (``replace``, or a lock taken again after it
-        lapsed); a run lock is always ``"running"``. See docs/operations.md.
-      worker_id(str): The worker process running the message, for run locks.
-      acquired_at(int): When the place was taken, in ms of the backend's clock.
-      expires_at(int): When the place lapses, in ms of the backend's clock;
-        ``None`` when it never does.
-      token(int): The place's fencing token.
-      actor(str): The actor of the holder's message.
-      queue(str): The canonical queue of the holder's message.
-      lock(str): The lock type of the holder's message.
-      place(LockRecord): The place as read: freeing it only gives it up while it is still this.
-    """
-
-    message_id: str
-    state: str
-    worker_id: str | None
-    acquired_at: int
-    expires_at: int | None
-    token: int
-    actor: str
-    queue: str
-    lock: str
-    place: LockRecord
-
-    @classmethod
-    def from_record(cls, record: LockRecord) -> HolderInfo:
-        holder = record.holder
-        return cls(
-            message_id=str(holder.get("message_id", "")),
-            state=str(holder.get("state", "")),
-            worker_id=holder.get("worker_id"),
-            acquired_at=record.acquired_at,
-            expires_at=record.expires_at,
-            token=record.token,
-            actor=str(holder.get("actor", "")),
-            queue=str(holder.get("queue", "")),
-            lock=str(holder.get("lock", "")),
-            place=record,
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        """The holder as JSON: times in epoch milliseconds."""
-        return {
-            "message_id": self.message_id,
-            "state": self.state,
-            "worker_id": self.worker_id,
-            "acquired_at": self.acquired_at,
-            "expires_at": self.expires_at,
-            "token": self.token,
-        }
-
-
-@dataclass(frozen=True)
-class LockInfo:
-    """A held lock: the enqueue lock or the run lock of one digest, and its holders.
-
-    Parameters:
-      digest(str): The digest that names the lock.
-      kind(str): ``"enqueue"`` or ``"run"``.
-      prefix(str): The lock prefix it lives under.
-      key(str): Its key in the backend.
-      holders(tuple[HolderInfo]): Its holders, oldest first (by fencing token).
-      read_at(int): When it was read, in ms of the backend's clock: the
-        reference for its holders' ages and remaining time.
-    """
-
-    digest: str
-    kind: str
-    prefix: str
-    key: str
-    holders: tuple[HolderInfo, ...]
-    read_at: int
-
-    @property
-    def actor(self) -> str:
-        """The actor of its oldest holder (several actors share a lock with ``unique_across_actors``)."""
-        return self.holders[0].actor
-
-    @property
-    def queue(self) -> str:
-        """The queue of its oldest holder."""
-        return self.holders[0].queue
-
-    @property
-    def lock(self) -> str:
-        """The lock type of its oldest holder."""
-        return self.holders[0].lock
-
-    def as_dict(self) -> dict[str, Any]:
-        """The lock as JSON: times in epoch milliseconds, ``expires_at`` null for a place that never lapses."""
-        return {
-            "digest": self.digest,
-            "kind": self.kind,
-            "actor": self.actor,
-            "queue": self.queue,
-            "lock": self.lock,
-            "holders": [holder.as_dict() for holder in self.holders],
-        }
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """What the lock of an actor and its arguments looks like now, and what
-    a new message with those arguments would meet.
-
-    Parameters:
-      actor(str): The actor.
-      queue(str): Its canonical queue.
-      lock(str): Its lock type; ``None`` when it has no lock.
-      digest(str): The digest the middleware computes for those arguments.
-      lock_args(Any): The value that decides uniqueness: what the actor's
-        ``lock_args_method`` returns, or all the arguments.
-      prefix(str): The lock prefix of the actor.
-      lock_limit(int): How many messages may hold the lock at once.
-      locks(tuple[LockInfo]): The digest's held locks: enqueue lock, then run lock.
-      on_send(str): What a new send with these arguments would meet now.
-      on_start(str): What such a message would meet if a worker started it
-        now, for lock types that take a run lock; else ``None``.
-    """
-
-    actor: str
-    queue: str
-    lock: str | None
-    digest: str | None
-    lock_args: Any
-    prefix: str | None
-    lock_limit: int | None
-    locks: tuple[LockInfo, ...]
-    on_send: str
-    on_start: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The explanation as JSON."""
-        return {
-            "actor": self.actor,
-            "queue": self.queue,
-            "lock": self.lock,
-            "digest": self.digest,
-            "lock_args": self.lock_args,
-            "prefix": self.prefix,
-            "lock_limit": self.lock_limit,
-            "locks": [lock.as_dict() for lock in self.locks],
-            "on_send": self.on_send,
-            "on_start": self.on_start,
-        }
+__all__ = ["Explanation", "HolderInfo", "LockInfo", "Locks", "WorkerInfo"]
 
 
 class Locks:
     """The locks held in a backend: list them, look one up, explain why a
-    message would not run, and free them by hand.
+    message would not run, free them by hand, and see the workers that hold
+    run locks.
 
     Examples:
       >>> locks = Locks.from_middleware(unique_jobs)
@@ -233,10 +75,17 @@ class Locks:
         self.batch = batch
 
     @classmethod
-    def from_middleware(cls, middleware: UniqueJobs, *, batch: int = DEFAULT_BATCH) -> Locks:
-        """The locks of ``middleware``'s backend, under every lock prefix its actors use."""
+    def from_middleware(
+        cls, middleware: UniqueJobs, *, backend: LockBackend | None = None, batch: int = DEFAULT_BATCH
+    ) -> Locks:
+        """The locks of ``middleware``'s backend, under every lock prefix its actors use.
+
+        Parameters:
+          backend(LockBackend): Where to read them instead, e.g. the same Redis by another URL.
+          batch(int): About how many keys one step of the backend's scan looks at.
+        """
         return cls(
-            middleware.backend,
+            backend if backend is not None else middleware.backend,
             lock_prefix=middleware.defaults["lock_prefix"],
             actor_prefixes=middleware.lock_prefixes,
             batch=batch,
@@ -257,30 +106,23 @@ class Locks:
           without any are left out. A lock whose every place lapsed is free
           and left out too.
         """
-        if state is not None and state not in STATES:
-            raise ValueError(f"Locks.list got state={state!r}. Valid choices are: 'queued', 'running' or None.")
+        _check_state("Locks.list", state)
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"Locks.list got limit={limit!r}: it must be an integer >= 1 or None.")
         count, seen = 0, set()
-        for prefix in self.prefixes:
-            cursor = "0"
-            while True:
-                cursor, records = self.backend.scan(prefix, cursor, self.batch)
-                now = self.backend.time() if records else 0
-                for found in _locks_of(records, now):
-                    # A SCAN may return a key twice.
-                    if found.key in seen:
-                        continue
-                    seen.add(found.key)
-                    lock = _only(found, actor=actor, state=state)
-                    if lock is None:
-                        continue
-                    yield lock
-                    count += 1
-                    if limit is not None and count >= limit:
-                        return
-                if cursor == "0":
-                    break
+        for step in self._scan(_Position(0, "0")):
+            for found in step.locks:
+                # A SCAN may return a key twice.
+                if found.key in seen:
+                    continue
+                seen.add(found.key)
+                lock = found.only(actor=actor, state=state)
+                if lock is None:
+                    continue
+                yield lock
+                count += 1
+                if limit is not None and count >= limit:
+                    return
 
     def page(
         self,
@@ -314,42 +156,54 @@ class Locks:
         Raises:
           ValueError: If an argument is invalid, or the cursor is none that this method returned.
         """
-        if state is not None and state not in STATES:
-            raise ValueError(f"Locks.page got state={state!r}. Valid choices are: 'queued', 'running' or None.")
+        _check_state("Locks.page", state)
         for name, value in (("limit", limit), ("max_steps", max_steps)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Locks.page got {name}={value!r}: it must be an integer >= 1.")
-        index, position, after = self._parse_cursor(cursor)
+        start, after = self._parse_cursor(cursor)
         found: builtins.list[LockInfo] = []
         seen: set[str] = set()
-        for _ in range(max_steps):
-            if index >= len(self.prefixes) or len(found) >= limit:
-                break
-            next_position, records = self.backend.scan(self.prefixes[index], position, self.batch)
-            if digest_prefix:
-                records = [r for r in records if (digest_of(r.key) or "").startswith(digest_prefix)]
-            now = self.backend.time() if records else 0
-            for lock in _locks_of(records, now):
+        resume: _Position | None = start
+        for taken, step in enumerate(self._scan(start, digest_prefix=digest_prefix), 1):
+            for lock in step.locks:
                 if lock.key in seen or (after is not None and _place_in_step(lock) <= after):
                     continue
                 seen.add(lock.key)
-                matched = _only(lock, actor=actor, state=state)
+                matched = lock.only(actor=actor, state=state)
                 if matched is None:
                     continue
                 if len(found) == limit:
                     # The page is full inside this step: the next page reads
                     # the step again and starts after the last lock shown here.
-                    return tuple(found), _cursor(index, position, _place_in_step(found[-1]))
+                    return tuple(found), _cursor(step.position, _place_in_step(found[-1]))
                 found.append(matched)
-            after, position = None, next_position
-            if position == "0":
-                index += 1
-        return tuple(found), (_cursor(index, position, None) if index < len(self.prefixes) else None)
+            after, resume = None, step.next
+            if taken == max_steps or len(found) >= limit:
+                break
+        return tuple(found), (_cursor(resume, None) if resume is not None else None)
 
-    def _parse_cursor(self, cursor: str | None) -> tuple[int, str, tuple[str, int] | None]:
-        """(prefix index, backend cursor, the last lock shown of that step) of a :meth:`page` cursor."""
+    def _scan(self, start: _Position, *, digest_prefix: str | None = None) -> Iterator[_Step]:
+        """The held locks one backend scan step at a time, from ``start`` to the end of the last
+        prefix; a step is only read when the one before has been taken."""
+        position: _Position | None = start
+        while position is not None:
+            next_cursor, records = self.backend.scan(self.prefixes[position.index], position.cursor, self.batch)
+            if digest_prefix:
+                records = [r for r in records if (digest_of(r.key) or "").startswith(digest_prefix)]
+            now = self.backend.time() if records else 0
+            if next_cursor != "0":
+                following: _Position | None = _Position(position.index, next_cursor)
+            elif position.index + 1 < len(self.prefixes):
+                following = _Position(position.index + 1, "0")
+            else:
+                following = None
+            yield _Step(position=position, locks=_locks_of(records, now), next=following)
+            position = following
+
+    def _parse_cursor(self, cursor: str | None) -> tuple[_Position, tuple[str, int] | None]:
+        """Where a :meth:`page` cursor starts, and the last lock shown of that step."""
         if cursor is None:
-            return 0, "0", None
+            return _Position(0, "0"), None
         try:
             index, position, after = json.loads(base64.urlsafe_b64decode(cursor.encode()))
             if not (isinstance(index, int) and 0 <= index < len(self.prefixes) and isinstance(position, str)):
@@ -361,7 +215,7 @@ class Locks:
                 after = (digest, kind)
         except (ValueError, TypeError, AttributeError):
             raise ValueError(f"{cursor!r} is not a cursor of Locks.page: pass None for the first page.") from None
-        return index, position, after
+        return _Position(index, position), after
 
     def get(self, digest: str) -> tuple[LockInfo, ...]:
         """The held locks of ``digest``: its enqueue lock and its run lock, under every prefix covered.
@@ -370,11 +224,7 @@ class Locks:
           tuple[LockInfo]: Empty when nobody holds a lock of that digest.
         """
         _check_digest(digest)
-        found: list[LockInfo] = []
-        for prefix in self.prefixes:
-            now, records = self.backend.read([enqueue_key(prefix, digest), run_key(prefix, digest)])
-            found.extend(_locks_of(records, now))
-        return tuple(found)
+        return tuple(lock for prefix in self.prefixes for lock in self._read(prefix, digest)[1])
 
     def explain(self, actor: Actor[Any, Any], *args: Any, **kwargs: Any) -> Explanation:
         """Compute the digest of ``actor`` with these arguments as the
@@ -411,23 +261,9 @@ class Locks:
             unique_across_actors=config.unique_across_actors,
             unique_across_queues=config.unique_across_queues,
         )
-        prefix = config.lock_prefix
-        now, records = self.backend.read([enqueue_key(prefix, digest), run_key(prefix, digest)])
-        locks = _locks_of(records, now)
-        held = {lock.kind: lock for lock in locks}
-        return Explanation(
-            actor=actor.actor_name,
-            queue=queue,
-            lock=config.lock.name,
-            digest=digest,
-            # As the worker receives them: the digest is computed from this form.
-            lock_args=json.loads(json.dumps(lock_args)),
-            prefix=prefix,
-            lock_limit=config.lock_limit,
-            locks=tuple(locks),
-            on_send=_on_send(config, held.get(ENQUEUE), now),
-            on_start=_on_start(config, held.get(RUN), now) if config.lock.name in _RUN_LOCK_TYPES else None,
-        )
+        # As the worker receives them: the digest is computed from this form.
+        received = json.loads(json.dumps(lock_args))
+        return self._explanation(digest, actor=actor.actor_name, config=config, queue=queue, lock_args=received)
 
     def explain_digest(self, digest: str, *, actor: str, config: LockConfig) -> Explanation:
         """Say what a new message of ``actor`` whose arguments have ``digest``
@@ -442,22 +278,74 @@ class Locks:
           Explanation: Its ``lock_args`` are ``None``: a digest does not tell them.
         """
         _check_digest(digest)
-        prefix = config.lock_prefix
-        now, records = self.backend.read([enqueue_key(prefix, digest), run_key(prefix, digest)])
-        locks = _locks_of(records, now)
+        return self._explanation(digest, actor=actor, config=config, queue=None, lock_args=None)
+
+    def _explanation(
+        self, digest: str, *, actor: str, config: LockConfig, queue: str | None, lock_args: Any
+    ) -> Explanation:
+        """Read the locks of ``digest`` under the actor's prefix and say what a new message would meet.
+
+        Parameters:
+          queue(str): The actor's canonical queue; ``None`` to take it from the oldest holder.
+        """
+        now, locks = self._read(config.lock_prefix, digest)
         held = {lock.kind: lock for lock in locks}
         return Explanation(
             actor=actor,
-            queue=locks[0].queue if locks else "",
+            queue=queue if queue is not None else (locks[0].queue if locks else ""),
             lock=config.lock.name,
             digest=digest,
-            lock_args=None,
-            prefix=prefix,
+            lock_args=lock_args,
+            prefix=config.lock_prefix,
             lock_limit=config.lock_limit,
             locks=tuple(locks),
             on_send=_on_send(config, held.get(ENQUEUE), now),
-            on_start=_on_start(config, held.get(RUN), now) if config.lock.name in _RUN_LOCK_TYPES else None,
+            on_start=_on_start(config, held.get(RUN), now) if config.lock.takes_run_lock else None,
         )
+
+    def _read(self, prefix: str, digest: str) -> tuple[int, builtins.list[LockInfo]]:
+        """The enqueue and run lock of ``digest`` under ``prefix``, and when they were read."""
+        now, records = self.backend.read([enqueue_key(prefix, digest), run_key(prefix, digest)])
+        return now, _locks_of(records, now)
+
+    def workers(self) -> tuple[int, tuple[WorkerInfo, ...]]:
+        """The worker processes in the heartbeat registry of each lock prefix covered.
+
+        Returns:
+          tuple: When the registries were read, in ms of the backend's clock,
+          and the workers, the one alive the longest first; a worker lapsed
+          long ago may be gone, as the orphan reaper forgets it.
+        """
+        registered: dict[str, tuple[int, tuple[str, ...]]] = {}
+        now = 0
+        for prefix in self.prefixes:
+            now, registry = self.backend.heartbeats(registry_key(prefix))
+            for worker, alive_until in registry.items():
+                until, prefixes = registered.get(worker, (alive_until, ()))
+                registered[worker] = (max(until, alive_until), (*prefixes, prefix))
+        workers = tuple(
+            WorkerInfo(worker_id=worker, prefixes=prefixes, alive_until=alive_until, read_at=now)
+            for worker, (alive_until, prefixes) in sorted(registered.items(), key=lambda item: (-item[1][0], item[0]))
+        )
+        return now, workers
+
+    def in_broker(self, locks: Iterable[LockInfo], broker: Broker | None) -> dict[tuple[str, str], bool]:
+        """Whether the message of each queued holder of an enqueue lock is still in ``broker``.
+
+        Parameters:
+          locks(Iterable[LockInfo]): The locks, e.g. of :meth:`get`.
+          broker(dramatiq.Broker): The broker the messages were sent through.
+
+        Returns:
+          dict: By ``(lock key, message id)``; empty when the broker cannot be
+          asked (a ``RedisBroker`` or a ``StubBroker`` can).
+        """
+        locator = locator_for(broker)
+        queued = [(lock, h) for lock in locks if lock.kind == ENQUEUE for h in lock.holders if h.state == QUEUED]
+        if locator is None or not queued:
+            return {}
+        missing = locator.missing([h.place for _, h in queued])
+        return {(lock.key, h.message_id): not gone for (lock, h), gone in zip(queued, missing, strict=True)}
 
     def release(self, locks: Iterable[LockInfo]) -> tuple[LockInfo, ...]:
         """Free the holders of ``locks`` as they were read: each place only
@@ -496,7 +384,7 @@ class Locks:
         """
         found = self.get(digest)
         if message_id is not None:
-            found = tuple(lock for lock in (_only(lock, message_id=message_id) for lock in found) if lock is not None)
+            found = tuple(lock for lock in (lock.only(message_id=message_id) for lock in found) if lock is not None)
         return self.release(found)
 
     def unlock_all(self, *, actor: str) -> tuple[LockInfo, ...]:
@@ -505,7 +393,7 @@ class Locks:
         Returns:
           tuple[LockInfo]: The locks with the holders that were freed.
         """
-        freed: list[LockInfo] = []
+        freed: builtins.list[LockInfo] = []
         for lock in self.list(actor=actor):
             freed.extend(self.release([lock]))
         return tuple(freed)
@@ -525,34 +413,29 @@ def unique_jobs_of(broker: Broker) -> UniqueJobs:
     raise ValueError(f"The broker {type(broker).__name__} has no UniqueJobs middleware: its actors have no locks.")
 
 
-def format_duration(ms: int) -> str:
-    """A duration in milliseconds, in units a person reads: ``850ms``, ``42s``, ``4m 05s``, ``3h 07m``, ``2d 05h``."""
-    if ms < 1000:
-        return f"{max(ms, 0)}ms"
-    seconds = ms // 1000
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m {seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h {minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours:02d}h"
-
-
-def describe_holder(holder: HolderInfo, now: int) -> str:
-    """One holder, for a person: its message, state, age and remaining time, e.g.
-    ``message '…' (queued, taken 2m 03s ago, never lapses)``."""
-    state = holder.state
-    if holder.worker_id:
-        state += f" on worker {holder.worker_id!r}"
-    lapses = "never lapses" if holder.expires_at is None else f"lapses in {format_duration(holder.expires_at - now)}"
-    return f"message {holder.message_id!r} ({state}, taken {format_duration(now - holder.acquired_at)} ago, {lapses})"
-
-
 # Helpers ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Position:
+    """Where a scan step starts: the index of a prefix, and the backend's cursor under it."""
+
+    index: int
+    cursor: str
+
+
+@dataclass(frozen=True)
+class _Step:
+    """The locks one scan step read, where it started, and where the next one starts (``None``: the end)."""
+
+    position: _Position
+    locks: list[LockInfo]
+    next: _Position | None
+
+
+def _check_state(method: str, state: str | None) -> None:
+    if state is not None and state not in STATES:
+        raise ValueError(f"{method} got state={state!r}. Valid choices are: 'queued', 'running' or None.")
 
 
 def _check_digest(digest: str) -> None:
@@ -560,9 +443,9 @@ def _check_digest(digest: str) -> None:
         raise ValueError(f"{digest!r} is not a digest: a digest is the 64 hexadecimal characters between the braces.")
 
 
-def _cursor(index: int, position: str, after: tuple[str, int] | None) -> str:
+def _cursor(position: _Position, after: tuple[str, int] | None) -> str:
     """A :meth:`Locks.page` cursor: opaque, and safe in a URL."""
-    return base64.urlsafe_b64encode(json.dumps([index, position, after]).encode()).decode()
+    return base64.urlsafe_b64encode(json.dumps([position.index, position.cursor, after]).encode()).decode()
 
 
 def _place_in_step(lock: LockInfo) -> tuple[str, int]:
@@ -587,26 +470,6 @@ def _locks_of(records: Iterable[LockRecord], now: int) -> list[LockInfo]:
     return sorted(locks, key=lambda lock: (lock.prefix, lock.digest, lock.kind != ENQUEUE))
 
 
-def _only(
-    lock: LockInfo, *, actor: str | None = None, state: str | None = None, message_id: str | None = None
-) -> LockInfo | None:
-    """``lock`` with only the holders that match, ``None`` when none does."""
-    wanted: Mapping[str, str | None] = {"actor": actor, "state": state, "message_id": message_id}
-    holders = tuple(
-        h for h in lock.holders if all(value is None or getattr(h, name) == value for name, value in wanted.items())
-    )
-    if not holders:
-        return None
-    return lock if len(holders) == len(lock.holders) else dataclasses.replace(lock, holders=holders)
-
-
-def _holders_phrase(holders: tuple[HolderInfo, ...], now: int) -> str:
-    described = [describe_holder(h, now) for h in holders]
-    if len(described) == 1:
-        return described[0]
-    return "messages " + ", ".join(d.removeprefix("message ") for d in described)
-
-
 def _free_place(kind: str, lock: LockInfo | None, limit: int, subject: str) -> str | None:
     """What ``subject`` meets when the lock has a free place, ``None`` when it is full."""
     taken = len(lock.holders) if lock is not None else 0
@@ -617,17 +480,10 @@ def _free_place(kind: str, lock: LockInfo | None, limit: int, subject: str) -> s
     return f"{subject} would take a free place in the {kind} lock ({taken} of {limit} taken)."
 
 
-def _outcome(strategy: str, config: LockConfig, *, side: str) -> str:
-    """What becomes of a duplicate under ``strategy``, as the end of "… would …"."""
-    if strategy == "reschedule" and config.max_reschedules == 0:
-        strategy = "reject"  # rescheduled once too often already
-    outcomes = {
-        "log": "be dropped" if side == CLIENT else "be dropped without running",
-        "raise": "make send() raise DuplicateMessage" if side == CLIENT else "fail with LockConflict, to be retried",
-        "reject": "go to the dead-letter queue without running",
-        "reschedule": f"be rescheduled to try again in {format_duration(config.reschedule_delay)}",
-    }
-    return outcomes.get(strategy, f"be left to strategy {strategy!r}")
+def _outcome(config: LockConfig, side: str) -> str:
+    """What becomes of a duplicate under the actor's strategy on ``side``, as the end of "… would …"."""
+    strategy = config.client_strategy if side == CLIENT else config.server_strategy
+    return strategy.explain(side, reschedule_delay=config.reschedule_delay, max_reschedules=config.max_reschedules)
 
 
 def _on_send(config: LockConfig, lock: LockInfo | None, now: int) -> str:
@@ -638,7 +494,6 @@ def _on_send(config: LockConfig, lock: LockInfo | None, now: int) -> str:
     if free is not None or lock is None:
         return str(free)
     strategy, note = config.client_strategy, ""
-    outcome = _outcome(strategy.name, config, side=CLIENT)
     if strategy.replaces_queued_holders:
         queued = [h for h in lock.holders if h.state == QUEUED and h.place.holder.get("replaceable")]
         if queued:
@@ -646,8 +501,8 @@ def _on_send(config: LockConfig, lock: LockInfo | None, now: int) -> str:
                 f"{subject} would replace queued {describe_holder(queued[0], now)}, "
                 f"which is skipped when it reaches a worker (strategy {strategy.name!r})."
             )
-        outcome, note = _outcome("log", config, side=CLIENT), ": every holder runs, and a running one stays"
-    sentence = f"{subject} would {outcome} as a duplicate of {_holders_phrase(lock.holders, now)}"
+        note = ": every holder runs, and a running one stays"
+    sentence = f"{subject} would {_outcome(config, CLIENT)} as a duplicate of {describe_holders(lock.holders, now)}"
     sentence += f" (strategy {strategy.name!r}{note})."
     if config.lock.requires_ttl:
         sentence += f" An {config.lock.name} lock is only freed by its lock_ttl, whatever became of its message."
@@ -659,8 +514,7 @@ def _on_start(config: LockConfig, lock: LockInfo | None, now: int) -> str:
     free = _free_place("run", lock, config.lock_limit, subject)
     if free is not None or lock is None:
         return str(free)
-    strategy = config.server_strategy
     return (
-        f"{subject} would {_outcome(strategy.name, config, side=SERVER)}: the run lock is held by "
-        f"{_holders_phrase(lock.holders, now)} (strategy {strategy.name!r})."
+        f"{subject} would {_outcome(config, SERVER)}: the run lock is held by "
+        f"{describe_holders(lock.holders, now)} (strategy {config.server_strategy.name!r})."
     )

@@ -42,6 +42,7 @@ from .backends import Holder, LockBackend, LockRecord
 from .events import REAPED, Events, LockEvent
 from .keys import RUN, digest_of
 from .liveness import registry_key
+from .locks import LOCK_TYPES
 
 #: The default interval between two reaper runs, in milliseconds.
 DEFAULT_REAPER_INTERVAL = 600_000
@@ -218,11 +219,7 @@ class Reaper:
                 # it died, or not registered yet) may still run: its lock is left to its lease.
                 if until is not None and until <= now:
                     self._release(record, report, f"its worker {worker!r} stopped sending heartbeats")
-            elif (
-                locator is not None
-                and record.holder.get("lock") != "until_expired"
-                and record.acquired_at <= now - self.min_age
-            ):
+            elif locator is not None and not _outlives_message(record) and record.acquired_at <= now - self.min_age:
                 enqueue_locks.append(record)
         if enqueue_locks and locator is not None:
             suspects = [r for r, gone in zip(enqueue_locks, locator.missing(enqueue_locks), strict=True) if gone]
@@ -266,6 +263,12 @@ class Reaper:
             record.holder.get("lock"),
             reason,
         )
+
+
+def _outlives_message(record: LockRecord) -> bool:
+    """Whether the holder's lock type is meant to outlive its message (``until_expired``)."""
+    lock_type = LOCK_TYPES.get(str(record.holder.get("lock")))
+    return lock_type is not None and lock_type.outlives_message
 
 
 # Asking brokers whether a message still exists -----------------------------------

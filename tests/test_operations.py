@@ -284,3 +284,64 @@ def test_page_walks_every_lock_once_with_its_cursor_and_filters(app):
         locks.page(cursor="9.0")
     with pytest.raises(ValueError, match="'queued', 'running'"):
         locks.page(state="waiting")
+
+
+def test_workers_are_read_with_their_prefixes_and_whether_they_are_alive(app):
+    # Issue 18: the web page reads the worker registry through Locks.
+    env, _, _, _ = app
+    locks = Locks.from_middleware(env.middleware)
+    read_at, workers = locks.workers()
+    (worker,) = [w for w in workers if w.worker_id == env.middleware.liveness.worker_id]
+    assert worker.prefixes == ("dramatiq-unique", "billing") and worker.alive
+    assert worker.read_at == read_at and worker.alive_until > read_at
+    env.backend.heartbeat("dramatiq-unique:workers", "dead-host:1:0", ttl=1)
+    time.sleep(0.01)
+    _, workers = locks.workers()
+    dead = {w.worker_id: w for w in workers}["dead-host:1:0"]
+    assert not dead.alive and dead.prefixes == ("dramatiq-unique",)
+    assert workers[-1] is dead  # the one alive the longest first
+
+
+def test_whether_a_queued_holder_is_still_in_the_broker_is_asked_through_locks(app):
+    # Issue 18: the web page asks through Locks, not the reaper's broker locators.
+    env, _, sent, _ = app
+    locks = Locks.from_middleware(env.middleware)
+    found = locks.get(digest_of(sent["settle"]))
+    (lock,) = found
+    assert locks.in_broker(found, env.broker) == {(lock.key, sent["settle"].message_id): True}
+    assert locks.in_broker(found, None) == {}
+    running = [lock for lock in locks.list(state="running")]
+    assert running and locks.in_broker(running, env.broker) == {}  # only queued holders of enqueue locks
+
+
+def test_explain_describes_a_registered_strategy_without_an_explain_method_by_its_name(env):
+    # Issue 18: each strategy describes its outcome; one of the user's own falls back on its name.
+    from dramatiq.middleware import SkipMessage
+
+    from dramatiq_unique import ConflictStrategy, EnqueueCancelled, register_strategy
+    from dramatiq_unique.strategies import STRATEGIES
+
+    class Park(ConflictStrategy):
+        name = "park"
+
+        def on_client_conflict(self, conflict):
+            raise EnqueueCancelled("Parked.", conflict.message)
+
+        def on_server_conflict(self, conflict):
+            raise SkipMessage("Parked.")
+
+    register_strategy(Park())
+    try:
+
+        @env.actor(queue_name="parked", lock="until_executed", on_conflict="park")
+        def parked(x):
+            pass
+
+        first = parked.send(1)
+        on_send = Locks.from_middleware(env.middleware).explain(parked, 1).on_send
+        assert on_send.startswith(
+            f"A new send would be left to strategy 'park' as a duplicate of message {first.message_id!r}"
+        )
+        assert on_send.endswith("(strategy 'park').")
+    finally:
+        del STRATEGIES["park"]

@@ -438,3 +438,42 @@ def test_an_app_with_allowed_hosts_refuses_other_host_headers(redis_client):
     assert Client(app).get("/").status == 200
     refused = Client(app, host="rebound.example").get("/")
     assert refused.status == 400 and refused.header("X-Frame-Options") == "DENY"
+
+
+def test_the_page_of_a_redis_cluster_url_shows_the_locks_of_every_master(redis_cluster, cluster_client):
+    # Issue 18: the web page's connection is the CLI's, RedisBackend.from_url, which finds the cluster
+    # behind the URL of one of its nodes.
+    import redis
+
+    from dramatiq_unique.liveness import registry_key
+
+    broker = StubBroker()
+    unique = UniqueJobs(backend=RedisBackend(client=cluster_client))
+    broker.add_middleware(unique, before=TimeLimit)
+
+    @dramatiq.actor(broker=broker, lock="until_executed")
+    def settle(n):
+        pass
+
+    sent = [settle.send(n) for n in range(12)]
+    assert all(redis_cluster.keys_per_master("dramatiq-unique:*"))  # the locks are spread over every master
+    cluster_client.zadd(registry_key("dramatiq-unique"), {"far-host:1:0000": int(time.time() * 1000) + 60_000})
+    url = f"redis://127.0.0.1:{redis_cluster.ports[0]}/0"
+    # A client of the one node the URL names sees that node's locks only.
+    one_node = RedisBackend(url=url)
+    assert len(list(Locks(one_node).list())) < len(sent)
+    one_node.client.close()
+
+    backend = RedisBackend.from_url(url)
+    assert isinstance(backend.client, redis.RedisCluster)
+    c = Client(make_wsgi_app(backend, allow_unlock=True), script_name=ROOT)
+    rows = c.get("/").rows
+    assert sorted(row[5] for row in rows) == sorted(m.message_id for m in sent)
+    one = c.get(f"/locks/{digest(sent[3])}")
+    assert one.status == 200 and one.rows[0][0] == sent[3].message_id
+    assert [row[0] for row in c.get("/workers").rows] == ["far-host:1:0000"]
+    (unlock_lock,) = [f for f in one.post_forms if "unlock-lock" in f.buttons]
+    freed = c.submit(unlock_lock)
+    assert freed.status == 200 and "Freed 1 place(s) in 1 lock(s)" in freed.text
+    assert enqueue_outcome(settle.send(3)).enqueued
+    backend.client.close()

@@ -145,6 +145,60 @@ class RedisBackend(LockBackend):
         self._release_records = script("release_records")
         self._add_counts = script("add_counts")
 
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        fence_retention: int = DEFAULT_FENCE_RETENTION,
+        min_replicas: int = 0,
+        replica_timeout: int = DEFAULT_REPLICA_TIMEOUT,
+        **parameters: Any,
+    ) -> RedisBackend:
+        """A backend on the Redis at ``url``, or on its whole Redis Cluster when
+        ``url`` names a node of one: listing the locks and reaping them then
+        visit every master, which a client of one node would not.
+
+        Parameters:
+          url(str): As for :class:`RedisBackend`, e.g. ``redis://host:6379/1``.
+          fence_retention(int): As for :class:`RedisBackend`.
+          min_replicas(int): As for :class:`RedisBackend`.
+          replica_timeout(int): As for :class:`RedisBackend`.
+          **parameters: Connection parameters, e.g. ``socket_timeout``, for the
+            client of the server or of the cluster.
+
+        Raises:
+          InvalidBackendOptions: If the URL cannot be used; its message quotes no part of it.
+          LockBackendError: If the server, or the cluster, cannot be reached to find out which it is.
+        """
+        backend = cls(
+            url=url,
+            fence_retention=fence_retention,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
+            **parameters,
+        )
+        try:
+            cluster_enabled = backend.client.info("cluster").get("cluster_enabled")
+        except redis.ResponseError:
+            cluster_enabled = False  # e.g. an ACL user denied INFO: a single server, as far as we can tell
+        except _REDIS_ERRORS as e:
+            raise LockBackendError(f"Cannot reach the lock backend: {type(e).__name__}: {e}") from None
+        if not cluster_enabled:
+            return backend
+        backend.client.close()
+        try:
+            client = redis.RedisCluster.from_url(url, **parameters)
+        except ValueError:
+            raise InvalidBackendOptions(
+                "The Redis URL cannot be used for a Redis Cluster (it is not quoted)."
+            ) from None
+        except _REDIS_ERRORS as e:
+            raise LockBackendError(f"Cannot reach the Redis Cluster: {type(e).__name__}: {e}") from None
+        return cls(
+            client=client, fence_retention=fence_retention, min_replicas=min_replicas, replica_timeout=replica_timeout
+        )
+
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
     ) -> Acquisition:

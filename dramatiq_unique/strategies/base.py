@@ -113,3 +113,16 @@ class ConflictStrategy:
     def on_server_conflict(self, conflict: Conflict) -> None:
         """Resolve a conflict found when the duplicate was about to run."""
         raise TypeError(f"The {self.name!r} strategy cannot be used on the server side.")
+
+    def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
+        """What becomes of a duplicate, worded to follow "would" in what
+        :meth:`~dramatiq_unique.Locks.explain` says, e.g. ``"be dropped"``.
+
+        A strategy of your own without this method is described by its name.
+
+        Parameters:
+          side(str): ``"client"`` for a duplicate sent, ``"server"`` for one about to run.
+          reschedule_delay(int): The actor's ``reschedule_delay``, in milliseconds.
+          max_reschedules(int): The actor's ``max_reschedules``; ``None`` for no limit.
+        """
+        return f"be left to strategy {self.name!r}"

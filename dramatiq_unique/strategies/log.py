@@ -29,3 +29,8 @@ class Log(ConflictStrategy):
     def on_server_conflict(self, conflict: Conflict) -> None:
         conflict.log(logging.INFO, "was dropped without running", self.name)
         raise SkipMessage("The message is a duplicate of a running message.")
+
+    def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
+        from .base import CLIENT
+
+        return "be dropped" if side == CLIENT else "be dropped without running"

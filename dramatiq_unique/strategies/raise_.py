@@ -32,3 +32,8 @@ class Raise(ConflictStrategy):
             f"Lock {conflict.digest!r} of actor {conflict.message.actor_name!r} "
             f"is held by message {conflict.holders[0]!r}."
         )
+
+    def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
+        from .base import CLIENT
+
+        return "make send() raise DuplicateMessage" if side == CLIENT else "fail with LockConflict, to be retried"

@@ -36,6 +36,9 @@ class Reject(ConflictStrategy):
         conflict.broker.enqueue(rejected)
         raise SkipMessage("The message was rejected as a duplicate.")
 
+    def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
+        return "go to the dead-letter queue without running"
+
 
 def mark_rejected(message: AnyMessage, conflict: Conflict, reason: str) -> None:
     conflict.lock.emit(REJECTED_EVENT, holders=conflict.holders, reason=reason)

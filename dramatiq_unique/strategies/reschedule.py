@@ -85,3 +85,11 @@ class Reschedule(ConflictStrategy):
             limit,
         )
         return True
+
+    def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
+        if max_reschedules == 0:
+            # The first conflict is one reschedule too many already.
+            return Reject().explain(side, reschedule_delay=reschedule_delay, max_reschedules=max_reschedules)
+        from ..presentation import format_duration
+
+        return f"be rescheduled to try again in {format_duration(reschedule_delay)}"

@@ -8,7 +8,7 @@ application can be mounted under any path.
 
 from __future__ import annotations
 
-import datetime
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,10 +20,10 @@ from ..activity import read_activity
 from ..backends import LockBackend
 from ..errors import LockBackendError
 from ..events import EVENT_KINDS
-from ..liveness import registry_key
-from ..operations import QUEUED, STATES, HolderInfo, LockInfo, Locks, format_duration
+from ..held import STATES
+from ..operations import Locks
 from ..options import DEFAULT_LOCK_PREFIX
-from ..reaper import locator_for
+from ..presentation import age, format_duration, format_time, ttl
 from .security import SECURITY_HEADERS, Csrf, mount_path
 
 try:
@@ -260,34 +260,28 @@ class LocksWebApp:
             "lock.html",
             digest=digest,
             locks=found,
-            in_broker=self._in_broker(found),
+            in_broker=self.locks.in_broker(found, self.broker),
             explanations=explanations,
             explained=self.middleware is not None,
         )
 
     def workers_page(self, request: Request) -> Response:
+        # The heartbeat a worker sent last is only known when it has this application's lease period.
         lease = self.middleware.liveness.lease_period if self.middleware is not None else None
-        # A worker heartbeats into the registry of every lock prefix its actors use.
-        registered: dict[str, tuple[int, list[str]]] = {}
-        now = 0
-        for prefix in self.locks.prefixes:
-            now, registry = self.locks.backend.heartbeats(registry_key(prefix))
-            for worker, alive_until in registry.items():
-                until, prefixes = registered.get(worker, (alive_until, []))
-                registered[worker] = (max(until, alive_until), [*prefixes, prefix])
+        now, workers = self.locks.workers()
         rows = [
             {
-                "worker": worker,
-                "prefixes": ", ".join(prefixes),
-                "alive": alive_until > now,
-                "alive_until": _when(alive_until),
-                "left": format_duration(alive_until - now) if alive_until > now else None,
-                "since": format_duration(now - alive_until) if alive_until <= now else None,
-                "heartbeat": format_duration(now - (alive_until - lease)) if lease is not None else None,
+                "worker": w.worker_id,
+                "prefixes": ", ".join(w.prefixes),
+                "alive": w.alive,
+                "alive_until": format_time(w.alive_until),
+                "left": format_duration(w.alive_until - now) if w.alive else None,
+                "since": format_duration(now - w.alive_until) if not w.alive else None,
+                "heartbeat": format_duration(now - (w.alive_until - lease)) if lease is not None else None,
             }
-            for worker, (alive_until, prefixes) in sorted(registered.items(), key=lambda item: (-item[1][0], item[0]))
+            for w in workers
         ]
-        return self._render(request, "workers.html", workers=rows, now=_when(now), lease_known=lease is not None)
+        return self._render(request, "workers.html", workers=rows, now=format_time(now), lease_known=lease is not None)
 
     # Unlocking ---------------------------------------------------------------
 
@@ -330,15 +324,6 @@ class LocksWebApp:
             _logger.exception("The authorize callable of the locks page failed; the request may not unlock.")
             return False
 
-    def _in_broker(self, locks: Iterable[LockInfo]) -> dict[tuple[str, str], bool]:
-        """For each queued holder of an enqueue lock, whether its message is still in the broker (where it can tell)."""
-        locator = locator_for(self.broker)
-        queued = [(lock, h) for lock in locks if lock.kind == "enqueue" for h in lock.holders if h.state == QUEUED]
-        if locator is None or not queued:
-            return {}
-        missing = locator.missing([h.place for _, h in queued])
-        return {(lock.key, h.message_id): not gone for (lock, h), gone in zip(queued, missing, strict=True)}
-
     def _render(self, request: Request, template: str, *, status: int = 200, **context: Any) -> Response:
         headers = []
         can_unlock = self._authorized(request)
@@ -355,9 +340,9 @@ class LocksWebApp:
             can_unlock=can_unlock,
             csrf_token=token,
             prefixes=self.locks.prefixes,
-            age=_age,
-            ttl_left=_ttl_left,
-            when=_when,
+            age=age,
+            ttl_left=functools.partial(ttl, never="never lapses"),
+            when=format_time,
             status=status,
             **context,
         )
@@ -425,15 +410,3 @@ def from_middleware(
         secret=secret,
         allowed_hosts=allowed_hosts,
     )
-
-
-def _when(ms: int) -> str:
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _age(holder: HolderInfo, lock: LockInfo) -> str:
-    return format_duration(lock.read_at - holder.acquired_at)
-
-
-def _ttl_left(holder: HolderInfo, lock: LockInfo) -> str:
-    return "never lapses" if holder.expires_at is None else format_duration(holder.expires_at - lock.read_at)
