@@ -4,7 +4,7 @@
 local holders, count = live_holders(KEYS[1])
 local removed = 0
 if holders[ARGV[1]] == ARGV[2] then
-  write(KEYS[1], ARGV[1], false)
+  write_holder(KEYS[1], ARGV[1], false)
   holders[ARGV[1]] = nil
   count, removed = count - 1, 1
 end

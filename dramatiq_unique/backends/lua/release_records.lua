@@ -8,7 +8,7 @@ local removed = {}
 for i = 1, #ARGV, 2 do
   local owner = ARGV[i]
   if holders[owner] == ARGV[i + 1] then
-    write(KEYS[1], owner, false)
+    write_holder(KEYS[1], owner, false)
     holders[owner] = nil
     count = count - 1
     table.insert(removed, owner)

@@ -17,7 +17,7 @@ if expires_at then
   if target > expires_at then
     expires_at = target
     record = format_record(expires_at, token, acquired_at, holder)
-    write(KEYS[1], ARGV[1], record)
+    write_holder(KEYS[1], ARGV[1], record)
     holders[ARGV[1]] = record
   end
 end
