@@ -209,13 +209,36 @@ def test_a_fence_alone_of_the_previous_release_keeps_tokens_growing(redis_backen
     client.hset(KEY, mapping={"fence": fence})
     clobbered = "dramatiq-unique:{clobbered}"
     client.hset(clobbered, mapping={"fence": f"{fence}|||qe+|||settle|payments|"})
-    client.hset(clobbered, mapping={"names": f"{fence - 1}|||qe+|||||"})
     for key in (KEY, clobbered):
         assert redis_backend.read([key])[1] == [] and redis_backend.release(key, "fence") is False
         first = redis_backend.acquire(key, "fence", limit=1, ttl=None, holder=queued("fence"))
         assert first.token == fence + 1
         assert redis_backend.acquire(key, "names", limit=2, ttl=None, holder=queued("names")).token == fence + 2
         assert sorted(r.owner for r in redis_backend.read([key])[1]) == ["fence", "names"]
+
+
+def test_names_overwritten_by_a_holder_of_the_previous_release(redis_backend):
+    # On the previous release, a holder "names" that came second wrote its record over the names
+    # its first holder left its actor and queue to: that holder is still one (it keeps newcomers
+    # out and is released), with no actor or queue rather than parts of a record for them.
+    client = redis_backend.client
+    token = server_now(client) * 1000
+    client.hset(KEY, mapping={"fence": token + 1, "m1": f"{token}|||qe+|||||", "names": f"{token + 1}|||qe+|||||"})
+    refused = redis_backend.acquire(KEY, "m2", limit=1, ttl=None, holder=queued("m2"))
+    assert (refused.acquired, refused.holders) == (False, ("m1",))
+    (m1,) = redis_backend.read([KEY])[1]
+    assert (m1.owner, m1.token, m1.holder) == (
+        "m1",
+        token,
+        {"message_id": "m1", "lock": "until_executed", "state": "queued", "replaceable": True},
+    )
+    (scanned,) = scan_all(redis_backend)
+    assert scanned == m1
+    assert redis_backend.release(KEY, "m1")
+    taken = redis_backend.acquire(KEY, "names", limit=1, ttl=None, holder=queued("names"))
+    assert taken.token > token + 1
+    (names,) = redis_backend.read([KEY])[1]
+    assert (names.owner, names.holder["actor"], names.holder["queue"]) == ("names", "settle", "payments")
 
 
 @pytest.mark.parametrize("env", ["redis", "cluster"], indirect=True)

@@ -243,6 +243,9 @@ def parse_lock(key: str, fields: Mapping[str, str]) -> list[LockRecord]:
     """The places recorded in the fields of the lock at ``key`` (all of its hash, or some of
     them with its ``names`` field), as :meth:`LockRecord.parse` reads each."""
     names = fields.get(NAMES_FIELD)
+    if names is not None and names.count("|") != 1:
+        # The record of a holder named "names" that an earlier version wrote over the field.
+        names = None
     return [
         LockRecord.parse(key, owner, record, names)
         for field, record in fields.items()
