@@ -104,7 +104,7 @@ class Holder:
     def encode(self, owner: str) -> str:
         """The holder as the backends record it for ``owner``: in a compact form of a few dozen
         bytes (see docs/backends.md), or as :meth:`to_json` when a value has no compact form."""
-        # Every held lock pays for these bytes (SPEC P4): Redis keeps a hash whose values are all
+        # Every held lock pays for these bytes: Redis keeps a hash whose values are all
         # short in its compact encoding, a third of the memory.
         state, lock = _STATE_CODES.get(self.state), _LOCK_CODES.get(self.lock)
         worker_id, redis_message_id = self.worker_id or "", self.redis_message_id or ""
@@ -374,7 +374,7 @@ class LockBackend(abc.ABC):
         answer is ``superseded``.
         """
 
-    # Leases and worker liveness (SPEC R1) ------------------------------------
+    # Leases and worker liveness -------------------------------------------------
 
     @abc.abstractmethod
     def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
@@ -410,7 +410,7 @@ class LockBackend(abc.ABC):
           int: How many were removed.
         """
 
-    # The orphan reaper (SPEC R2-R4) -------------------------------------------
+    # The orphan reaper ----------------------------------------------------------
 
     @abc.abstractmethod
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
@@ -436,7 +436,7 @@ class LockBackend(abc.ABC):
           bool: Whether the place was given up.
         """
 
-    # Operations: seeing and freeing held locks (SPEC O1) -----------------------
+    # Operations: seeing and freeing held locks ---------------------------------
 
     @abc.abstractmethod
     def time(self) -> int:

@@ -227,7 +227,7 @@ class RedisBackend(LockBackend):
             raise _backend_error(e) from e
 
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
-        # A glob character in the prefix is escaped. SCAN costs O(count) per step (SPEC R4).
+        # A glob character in the prefix is escaped. SCAN costs O(count) per step.
         # Only hashes are listed: a digest's other keys (the replaced set) are no locks.
         pattern = "".join("\\" + c if c in "*?[]\\" else c for c in digest_keys_start(prefix)) + "*"
         try:
@@ -446,7 +446,7 @@ def _client_from_sentinels(
     sentinel_parameters: Mapping[str, Any] | None,
     parameters: dict[str, Any],
 ) -> redis.Redis:
-    # No error quotes a value: a sentinel entry or a parameter may hold a password (SPEC S7).
+    # No error quotes a value: a sentinel entry or a parameter may hold a password.
     usage = (
         "Pass RedisBackend(sentinels=[(host, port), ...], service_name=..., sentinel_parameters={...}, "
         "**parameters), or a client= of your own."
@@ -485,7 +485,7 @@ def _client_from_sentinels(
 
 
 def _client_from_url(url: str, parameters: dict[str, Any]) -> redis.Redis:
-    # No error may quote the URL (SPEC S7): urllib reads the text after the first ':' of a
+    # No error may quote the URL: urllib reads the text after the first ':' of a
     # password that holds '/', '#' or '?' as a port, and its error quotes it.
     scheme, _, rest = url.partition("://")
     if scheme not in ("redis", "rediss", "unix"):
@@ -516,7 +516,7 @@ def _url_error(problem: str) -> str:
 
 
 def _backend_error(e: Exception) -> LockBackendError:
-    # The error names host and port at most, never credentials (SPEC S7).
+    # The error names host and port at most, never credentials.
     return LockBackendError(f"The Redis lock backend failed: {type(e).__name__}: {e}")
 
 
