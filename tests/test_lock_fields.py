@@ -69,6 +69,33 @@ def test_a_message_whose_id_is_a_field_name_holds_its_lock(env, message_id):
     assert later.status == "enqueued" and later.token > outcome.token
 
 
+@pytest.mark.parametrize("env", ["stub", "redis", "cluster"], indirect=True)
+@pytest.mark.parametrize("lock", ["until_executing", "until_and_while_executing", "until_expired"])
+@pytest.mark.parametrize("message_id", ["fence", "names"])
+def test_every_lock_type_keeps_out_the_copies_of_such_a_message(env, lock, message_id):
+    # Issue 18, defect 3: the enqueue lock is given up when the message starts (claim), swapped
+    # for a run lock, or kept until its TTL; each time the place found is the message's own.
+    gate = Gate()
+
+    @env.actor(queue_name="payments", lock=lock, lock_ttl=60_000)
+    def settle(event_id):
+        gate.enter(event_id)
+
+    outcome = enqueue_outcome(env.broker.enqueue(settle.message("evt_1").copy(message_id=message_id)))
+    assert outcome.status == "enqueued"
+    copy = enqueue_outcome(settle.send("evt_1"))
+    assert (copy.status, copy.holder) == ("duplicate", message_id)
+    env.worker()
+    wait_for(lambda: gate.count("evt_1") == 1)
+    holds = {"until_executing": False, "until_and_while_executing": False, "until_expired": True}[lock]
+    assert env.is_free(outcome.digest) is not holds  # given up at start, or kept until its TTL
+    gate.open()
+    env.join(settle)
+    assert gate.runs == ["evt_1"]
+    assert env.is_free(outcome.digest, run=True)
+    assert env.is_free(outcome.digest) is not holds
+
+
 @pytest.fixture(params=["stub", "redis", "cluster"])
 def backend(request):
     if request.param == "stub":
