@@ -47,3 +47,8 @@ def digest_of(key: str) -> str | None:
 def prefix_of(key: str) -> str | None:
     """The lock prefix of the key of a lock, ``None`` for the other keys."""
     return key[: key.index(":{")] if digest_of(key) is not None else None
+
+
+def digest_keys_start(prefix: str) -> str:
+    """What the key of each digest's locks and replaced set under ``prefix`` starts with."""
+    return f"{prefix}:{{"

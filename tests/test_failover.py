@@ -29,6 +29,7 @@ from dramatiq_unique import (
     enqueue_outcome,
 )
 from dramatiq_unique.backends import Holder
+from dramatiq_unique.backends.base import field_owner
 from dramatiq_unique.events import BACKEND_ERROR
 from dramatiq_unique.outcome import ENQUEUED
 
@@ -53,7 +54,7 @@ def places(client: redis.Redis) -> dict[str, list[str]]:
     """The held places of every lock on one server: key -> owners."""
     found = {}
     for key in client.scan_iter(match="dramatiq-unique:{*", count=1000, _type="hash"):
-        owners = [o.decode() for o in client.hkeys(key) if o not in (b"fence", b"names")]
+        owners = [owner for field in client.hkeys(key) if (owner := field_owner(field.decode())) is not None]
         if owners:
             found[key.decode()] = owners
     return found

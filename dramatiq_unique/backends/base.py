@@ -19,18 +19,41 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..keys import ENQUEUE, RUN, lock_kind
+from ..locks import LOCK_TYPES
 
 #: The one-letter codes of states and lock types in a compact holder.
 _STATE_CODES = {"queued": "q", "running": "r"}
-_LOCK_CODES = {
-    "until_executing": "s",
-    "until_executed": "e",
-    "until_expired": "x",
-    "while_executing": "w",
-    "until_and_while_executing": "a",
-}
+_LOCK_CODES = {name: lock_type.code for name, lock_type in LOCK_TYPES.items()}
 _STATES = {code: name for name, code in _STATE_CODES.items()}
 _LOCKS = {code: name for name, code in _LOCK_CODES.items()}
+
+#: The fields of a lock's hash that are the lock's own, not a holder's: the last fencing token
+#: issued, and the actor and queue that its holders leave out of their records.
+FENCE_FIELD = "fence"
+NAMES_FIELD = "names"
+#: What goes in front of an owner named like one of the lock's own fields (see :func:`holder_field`).
+_ESCAPE = "@"
+
+
+def _lock_field_name(name: str) -> bool:
+    """Whether ``name``, less the ``@`` in front of it, is the name of one of a lock's own fields."""
+    return name.lstrip(_ESCAPE) in (FENCE_FIELD, NAMES_FIELD)
+
+
+def holder_field(owner: str) -> str:
+    """The field of a lock's hash that records ``owner``'s place: the owner itself, except that
+    an owner named like one of the lock's own fields, with any number of ``@`` in front, takes one
+    ``@`` more. No holder's field is ever one of the lock's own, and an owner of another name is
+    recorded as earlier versions recorded it."""
+    return _ESCAPE + owner if _lock_field_name(owner) else owner
+
+
+def field_owner(field: str) -> str | None:
+    """The owner whose place a field of a lock's hash records (see :func:`holder_field`);
+    ``None`` for the lock's own fields."""
+    if field in (FENCE_FIELD, NAMES_FIELD):
+        return None
+    return field[1:] if field.startswith(_ESCAPE) and _lock_field_name(field) else field
 
 
 @dataclass(frozen=True)
@@ -81,7 +104,7 @@ class Holder:
     def encode(self, owner: str) -> str:
         """The holder as the backends record it for ``owner``: in a compact form of a few dozen
         bytes (see docs/backends.md), or as :meth:`to_json` when a value has no compact form."""
-        # Every held lock pays for these bytes (SPEC P4): Redis keeps a hash whose values are all
+        # Every held lock pays for these bytes: Redis keeps a hash whose values are all
         # short in its compact encoding, a third of the memory.
         state, lock = _STATE_CODES.get(self.state), _LOCK_CODES.get(self.lock)
         worker_id, redis_message_id = self.worker_id or "", self.redis_message_id or ""
@@ -97,7 +120,8 @@ class Holder:
             return self.to_json()
         redis_message_id = short_id or redis_message_id
         flags = f"{state}{lock}+" if self.replaceable else f"{state}{lock}"
-        message_id = "" if self.message_id == owner else self.message_id
+        # Left out when it is the field's name, as readers of earlier versions take the field for the owner.
+        message_id = "" if self.message_id == holder_field(owner) == owner else self.message_id
         return f"{flags}|{worker_id}|{redis_message_id}|{self.actor}|{self.queue}|{message_id}"
 
 
@@ -213,6 +237,20 @@ class LockRecord:
             acquired_at=acquired_at,
             holder=_decode(owner, holder, names),
         )
+
+
+def parse_lock(key: str, fields: Mapping[str, str]) -> list[LockRecord]:
+    """The places recorded in the fields of the lock at ``key`` (all of its hash, or some of
+    them with its ``names`` field), as :meth:`LockRecord.parse` reads each."""
+    names = fields.get(NAMES_FIELD)
+    if names is not None and names.count("|") != 1:
+        # The record of a holder named "names" that an earlier version wrote over the field.
+        names = None
+    return [
+        LockRecord.parse(key, owner, record, names)
+        for field, record in fields.items()
+        if (owner := field_owner(field)) is not None
+    ]
 
 
 @dataclass(frozen=True)
@@ -336,7 +374,7 @@ class LockBackend(abc.ABC):
         answer is ``superseded``.
         """
 
-    # Leases and worker liveness (SPEC R1) ------------------------------------
+    # Leases and worker liveness -------------------------------------------------
 
     @abc.abstractmethod
     def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
@@ -372,7 +410,7 @@ class LockBackend(abc.ABC):
           int: How many were removed.
         """
 
-    # The orphan reaper (SPEC R2-R4) -------------------------------------------
+    # The orphan reaper ----------------------------------------------------------
 
     @abc.abstractmethod
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
@@ -398,7 +436,7 @@ class LockBackend(abc.ABC):
           bool: Whether the place was given up.
         """
 
-    # Operations: seeing and freeing held locks (SPEC O1) -----------------------
+    # Operations: seeing and freeing held locks ---------------------------------
 
     @abc.abstractmethod
     def time(self) -> int:

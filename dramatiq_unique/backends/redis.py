@@ -13,8 +13,8 @@ import redis.sentinel
 from redis.commands.core import Script
 
 from ..errors import InvalidBackendOptions, LockBackendError
-from ..keys import lock_kind
-from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord
+from ..keys import digest_keys_start, lock_kind
+from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord, parse_lock
 
 #: What redis-py raises when Redis cannot be reached or fails. RedisClusterException is
 #: no RedisError: a RedisCluster client raises it when no node of the cluster answers.
@@ -281,10 +281,9 @@ class RedisBackend(LockBackend):
             raise _backend_error(e) from e
 
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
-        # Lock keys are "<prefix>:{<digest>}" and "<prefix>:{<digest>}:run"; a glob
-        # character in the prefix is escaped. SCAN costs O(count) per step (SPEC R4).
+        # A glob character in the prefix is escaped. SCAN costs O(count) per step.
         # Only hashes are listed: a digest's other keys (the replaced set) are no locks.
-        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + ":{*"
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in digest_keys_start(prefix)) + "*"
         try:
             if _is_cluster(self.client):
                 next_cursor, keys = self._scan_cluster(cursor, pattern, count)
@@ -300,11 +299,7 @@ class RedisBackend(LockBackend):
             raise _backend_error(e) from e
         records: list[LockRecord] = []
         for key, fields in zip(keys, contents, strict=True):
-            places = {_text(owner): _text(record) for owner, record in fields.items()}
-            places.pop("fence", None)
-            # The actor and queue of the holders that leave them out (see holders.lua).
-            names = places.pop("names", None)
-            records.extend(LockRecord.parse(key, owner, record, names) for owner, record in places.items())
+            records.extend(parse_lock(key, {_text(field): _text(value) for field, value in fields.items()}))
         return next_cursor, records
 
     def _scan_cluster(self, cursor: str, pattern: str, count: int) -> tuple[str, list[Any]]:
@@ -334,13 +329,12 @@ class RedisBackend(LockBackend):
 
     def read(self, keys: Sequence[str]) -> tuple[int, list[LockRecord]]:
         reply = self._call(self._read, list(keys), [], writes=False)
-        places: dict[str, dict[str, str]] = {}
+        locks: dict[str, dict[str, str]] = {}
         for i in range(1, len(reply), 3):
-            places.setdefault(keys[int(reply[i]) - 1], {})[_text(reply[i + 1])] = _text(reply[i + 2])
+            locks.setdefault(keys[int(reply[i]) - 1], {})[_text(reply[i + 1])] = _text(reply[i + 2])
         records: list[LockRecord] = []
-        for key, fields in places.items():
-            names = fields.pop("names", None)
-            records.extend(LockRecord.parse(key, owner, record, names) for owner, record in fields.items())
+        for key, fields in locks.items():
+            records.extend(parse_lock(key, fields))
         return int(reply[0]), records
 
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
@@ -506,7 +500,7 @@ def _client_from_sentinels(
     sentinel_parameters: Mapping[str, Any] | None,
     parameters: dict[str, Any],
 ) -> redis.Redis:
-    # No error quotes a value: a sentinel entry or a parameter may hold a password (SPEC S7).
+    # No error quotes a value: a sentinel entry or a parameter may hold a password.
     usage = (
         "Pass RedisBackend(sentinels=[(host, port), ...], service_name=..., sentinel_parameters={...}, "
         "**parameters), or a client= of your own."
@@ -545,7 +539,7 @@ def _client_from_sentinels(
 
 
 def _client_from_url(url: str, parameters: dict[str, Any]) -> redis.Redis:
-    # No error may quote the URL (SPEC S7): urllib reads the text after the first ':' of a
+    # No error may quote the URL: urllib reads the text after the first ':' of a
     # password that holds '/', '#' or '?' as a port, and its error quotes it.
     scheme, _, rest = url.partition("://")
     if scheme not in ("redis", "rediss", "unix"):
@@ -576,7 +570,7 @@ def _url_error(problem: str) -> str:
 
 
 def _backend_error(e: Exception) -> LockBackendError:
-    # The error names host and port at most, never credentials (SPEC S7).
+    # The error names host and port at most, never credentials.
     return LockBackendError(f"The Redis lock backend failed: {type(e).__name__}: {e}")
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..keys import lock_kind
+from ..keys import digest_keys_start, lock_kind
 from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord, format_record
 
 
@@ -151,7 +151,8 @@ class StubBackend(LockBackend):
         with self._mutex:
             now = _now()
             after = "" if cursor == "0" else cursor[2:]
-            keys = sorted(k for k in self._locks if k.startswith(prefix + ":{") and lock_kind(k) and k > after)[:count]
+            start = digest_keys_start(prefix)
+            keys = sorted(k for k in self._locks if k.startswith(start) and lock_kind(k) and k > after)[:count]
             records = [
                 LockRecord.parse(key, owner, place.record(owner))
                 for key in keys

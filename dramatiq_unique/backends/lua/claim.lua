@@ -17,13 +17,13 @@ if not record then
   return 0
 end
 if ARGV[2] == "release" then
-  write(key, owner, false)
+  write_holder(key, owner, false)
   holders[owner] = nil
   count = count - 1
 else
   local expires_at, token, acquired_at = parse(record)
   record = format_record(expires_at, token, acquired_at, share_names(key, count - 1, ARGV[3]))
-  write(key, owner, record)
+  write_holder(key, owner, record)
   holders[owner] = record
 end
 expire_with_holders(key, holders, count)

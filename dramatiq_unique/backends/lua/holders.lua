@@ -1,16 +1,22 @@
 -- Functions shared by every dramatiq_unique script; RedisBackend puts this
 -- file in front of each script before registering it.
 --
--- A lock is one HASH. Its field "fence" holds the last fencing token issued;
--- every other field but "names" is a holder: owner -> record. A record is
+-- A lock is one HASH. Two fields are the lock's own: "fence" holds the last
+-- fencing token issued, "names" the actor and queue its holders share (below).
+-- Every other field is a holder: its owner -> its record. An owner that is
+-- "fence" or "names" with any number of "@" in front (none included) takes one
+-- more "@" in its field, so no holder's field is ever one of the lock's own
+-- (holder_field, field_owner; every other owner is its own field, as it was
+-- in earlier versions). A record is
 --   "<token>|<late>|<lifetime>|<holder>"
 -- where acquired_at is the token's millisecond less `late` (empty for 0) and
 -- expires_at is acquired_at plus `lifetime` (empty: never), and a holder is
 --   "<state><lock>[+]|<worker_id>|<redis_message_id>|<actor>|<queue>|<message_id>"
 -- with one-letter codes for state and lock type, "+" for a replaceable holder,
--- an empty message_id for one that is its owner, and an empty actor and queue
--- for those in the field "names" ("<actor>|<queue>", set by the lock's first
--- holder: the holders of a lock are nearly always of one actor and queue).
+-- an empty message_id for a holder whose field is its message_id, and an empty
+-- actor and queue for those in the field "names" ("<actor>|<queue>", set by the
+-- lock's first holder: the holders of a lock are nearly always of one actor and
+-- queue).
 -- Short records keep the hash in Redis' compact encoding. A record of an
 -- earlier version, or of a holder with no compact form (Holder.encode), is
 --   "<expires_at>|<token>|<acquired_at>|<holder JSON>"
@@ -22,10 +28,30 @@
 -- a lock's fence outlives its last holder.
 
 local FENCE, NAMES = "fence", "names"
+local ESCAPE = 64 -- "@", put in front of an owner named like a lock's own field
 local JSON = 123 -- "{", the first byte of a holder in JSON
 
+-- Whether `name`, less the "@" in front of it, is the name of a lock's own field.
+local function lock_field_name(name)
+  if string.byte(name) == ESCAPE then name = string.match(name, "^@*(.*)$") end
+  return name == FENCE or name == NAMES
+end
+
+-- The field of `owner`'s record: never one of the lock's own fields.
+local function holder_field(owner)
+  if lock_field_name(owner) then return "@" .. owner end
+  return owner
+end
+
+-- The owner whose record a field holds; nil for the lock's own fields.
+local function field_owner(field)
+  if field == FENCE or field == NAMES then return nil end
+  if string.byte(field) == ESCAPE and lock_field_name(field) then return string.sub(field, 2) end
+  return field
+end
+
 -- Each script reads the clock at most once, reads a lock's hash once (HGETALL)
--- and writes its fields in one HSET and one HDEL (write, flush).
+-- and writes its fields in one HSET and one HDEL (stage, flush).
 
 local now_ms, now_us = nil, nil
 
@@ -44,16 +70,27 @@ local known = {}
 -- The field writes of each lock not sent yet: field -> value, false to delete.
 local staged = {}
 
-local function lock_field(key, field)
-  local fields = known[key]
-  if fields then return fields[field] end
-  return redis.call("HGET", key, field)
-end
-
-local function write(key, field, value)
+local function stage(key, field, value)
   if not staged[key] then staged[key] = {} end
   staged[key][field] = value
-  if known[key] and (field == "fence" or field == "names") then known[key][field] = value end
+end
+
+-- The lock's own field FENCE or NAMES.
+local function lock_field(key, name)
+  local fields = known[key]
+  if fields then return fields[name] end
+  return redis.call("HGET", key, name)
+end
+
+-- Sets the lock's own field FENCE or NAMES (false: deletes it).
+local function write_lock_field(key, name, value)
+  stage(key, name, value)
+  if known[key] then known[key][name] = value end
+end
+
+-- Records `owner`'s place (false: gives it up).
+local function write_holder(key, owner, record)
+  stage(key, holder_field(owner), record)
 end
 
 local function flush(key)
@@ -98,6 +135,17 @@ local function format_record(expires_at, token, acquired_at, holder)
   return string.format("%d", token) .. "|" .. late .. "|" .. lifetime .. "|" .. holder
 end
 
+-- The last token issued for the lock: its fence. A holder named "fence" of an
+-- earlier version wrote its record over the fence: that record's token was the last.
+local function last_token(key)
+  local fence = lock_field(key, FENCE)
+  if not fence then return 0 end
+  local token = tonumber(fence)
+  if token then return token end
+  local _, overwritten = parse(fence)
+  return overwritten
+end
+
 local function message_id(owner, holder)
   if string.byte(holder) == JSON then return cjson.decode(holder).message_id end
   local id = string.match(holder, "^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|(.*)$")
@@ -122,7 +170,7 @@ local function share_names(key, count, holder)
   local head, names, id = string.match(holder, "^([^|]*|[^|]*|[^|]*)|([^|]+|[^|]+)|(.*)$")
   if not head then return holder end
   if count == 0 then
-    write(key, NAMES, names)
+    write_lock_field(key, NAMES, names)
   elseif lock_field(key, NAMES) ~= names then
     return holder
   end
@@ -138,13 +186,14 @@ local function live_holders(key)
   local holders, count = {}, 0
   local lock = {[FENCE] = false, [NAMES] = false}
   for i = 1, #fields, 2 do
-    local owner, record = fields[i], fields[i + 1]
-    if owner == FENCE or owner == NAMES then
-      lock[owner] = record
+    local field, record = fields[i], fields[i + 1]
+    local owner = field_owner(field)
+    if not owner then
+      lock[field] = record
     else
       local expires_at = parse(record)
       if expires_at and expires_at <= clock() then
-        write(key, owner, false)
+        write_holder(key, owner, false)
       else
         holders[owner] = record
         count = count + 1
@@ -161,10 +210,9 @@ end
 -- server clock, so the key is still there after that clock stepped back by
 -- less than FENCE_RETENTION, and tokens keep increasing.
 local function expire_with_holders(key, holders, count)
-  local fence = lock_field(key, FENCE)
-  if count == 0 and lock_field(key, NAMES) then write(key, NAMES, false) end
+  if count == 0 and lock_field(key, NAMES) then write_lock_field(key, NAMES, false) end
   flush(key)
-  if count == 0 and fence then
+  if count == 0 and lock_field(key, FENCE) then
     -- A hash that held a record longer than hash-max-listpack-value (a run
     -- lock's, with a worker id and a message id) keeps Redis' large encoding;
     -- restored, a hash of one short field takes the compact one: half the memory.
@@ -178,7 +226,7 @@ local function expire_with_holders(key, holders, count)
       if type(dumped) == "string" then redis.pcall("RESTORE", key, 0, dumped, "REPLACE") end
     end
   end
-  local latest = math.floor((tonumber(fence) or 0) / 1000)
+  local latest = math.floor(last_token(key) / 1000)
   for _, record in pairs(holders) do
     local expires_at = parse(record)
     if not expires_at then
@@ -234,15 +282,14 @@ local function acquire(key, owner, limit, ttl, extend, holder)
     end
     -- Tokens follow the server clock in microseconds, so they keep
     -- increasing even after the key (and its fence) went with its last holder.
-    local last = tonumber(lock_field(key, FENCE)) or 0
-    token = math.max(last + 1, now_us)
+    token = math.max(last_token(key) + 1, now_us)
     acquired_at = now
-    write(key, FENCE, string.format("%d", token))
+    write_lock_field(key, FENCE, string.format("%d", token))
     count = count + 1
   end
 
   local record = format_record(expires_at, token, acquired_at, share_names(key, count - 1, holder))
-  write(key, owner, record)
+  write_holder(key, owner, record)
   holders[owner] = record
   expire_with_holders(key, holders, count)
   return {1, token, expires_at or 0}
@@ -254,7 +301,7 @@ local function release(key, owner)
   local holders, count = live_holders(key)
   local removed = 0
   if holders[owner] then
-    write(key, owner, false)
+    write_holder(key, owner, false)
     holders[owner] = nil
     count, removed = count - 1, 1
   end

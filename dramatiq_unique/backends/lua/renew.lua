@@ -1,5 +1,5 @@
--- Renews a lease (SPEC R1): pushes `owner`'s expiry back to `ttl` ms from now,
--- never past `deadline` and never earlier than it was. Owner-checked (S2).
+-- Renews a lease: pushes `owner`'s expiry back to `ttl` ms from now,
+-- never past `deadline` and never earlier than it was. Owner-checked.
 -- KEYS[1]: the lock. ARGV: owner, ttl in ms, deadline in ms (0: none).
 -- Returns the new expiry, 0 for a place that never lapses, -1 when owner holds no place.
 local now = clock()
@@ -17,7 +17,7 @@ if expires_at then
   if target > expires_at then
     expires_at = target
     record = format_record(expires_at, token, acquired_at, holder)
-    write(KEYS[1], ARGV[1], record)
+    write_holder(KEYS[1], ARGV[1], record)
     holders[ARGV[1]] = record
   end
 end

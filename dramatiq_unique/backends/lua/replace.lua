@@ -17,7 +17,7 @@ if count >= limit and not holders[owner] then
     end
   end
   if victim then
-    redis.call("HDEL", key, victim)
+    redis.call("HDEL", key, holder_field(victim))
     redis.call("SADD", replaced_key, victim)
     redis.call("PEXPIRE", replaced_key, tonumber(ARGV[6]))
   end
