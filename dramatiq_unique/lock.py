@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from dramatiq.common import q_name
 
@@ -32,7 +32,7 @@ LAPSE_MARGIN = 1000
 _NO_EVENTS = Events(logger=logging.getLogger(__name__))
 
 
-__all__ = ["MessageLock", "worker_id"]
+__all__ = ["LockFactory", "MessageLock", "worker_id"]
 
 
 class MessageLock:
@@ -476,3 +476,12 @@ class MessageLock:
             and self.config.client_strategy.replaces_queued_holders
             and not has_followers(self.message),
         )
+
+
+class LockFactory(Protocol):
+    """Builds the locks of a message with this process's parts: :meth:`MessageLock.for_message`
+    with all but these arguments given."""
+
+    def __call__(
+        self, *, config: LockConfig, message: AnyMessage, outcome: EnqueueOutcome | None = None
+    ) -> MessageLock: ...

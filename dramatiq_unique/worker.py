@@ -1,0 +1,166 @@
+"""The worker side: a message's locks when it starts and when it leaves the worker.
+
+What a message does with its locks at each step follows from its lock
+type's facts (see :class:`~dramatiq_unique.locks.LockType`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from dramatiq import Broker, Message
+from dramatiq.broker import MessageProxy
+from dramatiq.middleware import SkipMessage
+
+from .backends import Acquisition
+from .client import ClientSide
+from .conflicts import TRY_AGAIN, conflict_of, strategy_for
+from .current import _set_current_lock
+from .errors import LockBackendError
+from .events import BACKEND_ERROR, CONFLICT
+from .lock import LockFactory, MessageLock
+from .options import ActorConfigs
+from .outage import Outage
+from .outcome import REJECTED, EnqueueOutcome, enqueue_outcome
+from .strategies import SERVER
+
+
+class _Thread(threading.local):
+    """What the worker side knows about the worker thread."""
+
+    #: The locks of the message this thread processes, if it has a lock.
+    processing: MessageLock | None = None
+
+
+class WorkerSide:
+    """``before_process_message`` and the end of a message in the worker.
+
+    Parameters:
+      configs(ActorConfigs): The lock options of actors and messages.
+      lock_for(LockFactory): Builds a message's locks.
+      outage(Outage): What a backend failure does.
+      client(ClientSide): Told which message each worker thread processes.
+      logger(logging.Logger): The middleware's logger.
+    """
+
+    def __init__(
+        self,
+        *,
+        configs: ActorConfigs,
+        lock_for: LockFactory,
+        outage: Outage,
+        client: ClientSide,
+        logger: logging.Logger,
+    ):
+        self.configs = configs
+        self.lock_for = lock_for
+        self.outage = outage
+        self.client = client
+        self.logger = logger
+        self._thread = _Thread()
+
+    def start(self, broker: Broker, message: MessageProxy) -> None:
+        """Take what the message's lock type holds while it runs, before its actor runs.
+
+        Raises:
+          SkipMessage: The message must not run: rejected, replaced, or a duplicate.
+          UniqueError: Its conflict strategy or the outage policy stops it.
+        """
+        self._thread.processing = None
+        # Every message, locked or not: its pipeline's next step is enqueued from here.
+        self.client.processing(message)
+        config = self.configs.for_message(message)
+        if config is None:
+            return
+        outcome = enqueue_outcome(message)
+        self._dead_letter_if_rejected(message, outcome)
+        lock = self.lock_for(config=config, message=message, outcome=outcome)
+        self._thread.processing = lock
+        self.client.processing(message, reenters=True)
+        try:
+            acquisition = self._take(lock)
+        except LockBackendError as e:
+            lock.emit(BACKEND_ERROR, reason="start", error=e)
+            self.outage.failed(message, "run", e)  # raises, unless on_backend_error="allow"
+            acquisition = None
+        if lock.superseded:
+            self.logger.info(
+                "Message %r of actor %r is skipped: a newer message took its place in lock %r (strategy 'replace').",
+                message.message_id,
+                message.actor_name,
+                lock.digest,
+            )
+            raise SkipMessage("A newer message replaced this one.")
+        if acquisition is not None and not acquisition.acquired:
+            self._conflict(broker, lock, acquisition.holders)
+        _set_current_lock(lock.held())
+
+    def enqueued(self, message: Message[Any]) -> None:
+        """Dramatiq enqueued ``message``: if this thread processes it (a retry), that copy keeps its enqueue lock."""
+        processing = self._thread.processing
+        if processing is not None and processing.message.message_id == message.message_id:
+            processing.requeued = True
+
+    def finish(self, message: MessageProxy) -> None:
+        """The message leaves the worker: it ran, raised, or was skipped. Give up what it no longer holds."""
+        _set_current_lock(None)
+        self.client.processing(None)
+        lock, self._thread.processing = self._thread.processing, None
+        if lock is None or lock.message.message_id != message.message_id:
+            # An earlier middleware skipped the message before we saw it
+            # (AgeLimit): it gives up the enqueue lock it recorded, if any.
+            config = self.configs.for_message(message)
+            if config is None or not enqueue_outcome(message).digest:
+                return
+            lock = self.lock_for(config=config, message=message)
+        self.outage.release(lambda: self._give_up(lock), lock, "after it was processed")
+
+    @staticmethod
+    def _take(lock: MessageLock) -> Acquisition | None:
+        """Take or keep the locks the message holds while it runs.
+
+        Returns:
+          Acquisition: A failed acquisition of the run lock when the message
+          must not run now (its conflict strategy decides what becomes of it).
+        """
+        lock_type = lock.config.lock
+        if lock_type.takes_run_lock:
+            return lock.swap_enqueue_for_run() if lock_type.locks_at_enqueue else lock.acquire_run()
+        if lock_type.holds_enqueue_lock_while_running:
+            lock.start_holding_enqueue()
+        else:
+            lock.start_releasing_enqueue()
+        return None
+
+    @staticmethod
+    def _give_up(lock: MessageLock) -> None:
+        lock.release_run()
+        # A copy that Dramatiq enqueued again meanwhile (a retry) keeps the enqueue lock.
+        if not lock.requeued and not lock.config.lock.outlives_message:
+            lock.release_enqueue(background=True)
+
+    def _conflict(self, broker: Broker, lock: MessageLock, holders: tuple[str, ...]) -> None:
+        message = lock.message
+        conflict = conflict_of(lock, broker=broker, holders=holders, side=SERVER)
+        strategy = strategy_for(message, lock.config.server_strategy)
+        if message.message_id in holders:
+            # A redelivery met the run lock of its own earlier attempt, whose worker died or
+            # which the broker gave up on: it is no duplicate to drop, so it tries again
+            # once that attempt has finished or its lease has run out.
+            strategy = TRY_AGAIN
+        lock.emit(CONFLICT, side=SERVER, strategy=strategy.name, holders=holders)
+        strategy.on_server_conflict(conflict)
+
+    def _dead_letter_if_rejected(self, message: MessageProxy, outcome: EnqueueOutcome) -> None:
+        """A message marked rejected (its ``outcome``) goes to the dead-letter queue unrun."""
+        if outcome.status == REJECTED:
+            self.logger.info(
+                "Message %r of actor %r is dead-lettered without running: %s.",
+                message.message_id,
+                message.actor_name,
+                outcome.reason,
+            )
+            message.fail()
+            raise SkipMessage("The message was rejected as a duplicate.")
