@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, NoReturn, cast
 
 from dramatiq import Broker, Message
@@ -49,10 +50,6 @@ class _Thread(threading.local):
     taken: MessageLock | None = None
     #: Whether this is a consumer thread: it enqueues only to move due delayed messages to their queues.
     consumer = False
-    #: The message this worker thread processes, locked or not, as the worker side said.
-    processed: MessageProxy | None = None
-    #: Whether the processed message's re-enqueues (a retry, a reschedule) re-enter its lock.
-    reenters = False
 
 
 class ClientSide:
@@ -62,13 +59,24 @@ class ClientSide:
       configs(ActorConfigs): The lock options of actors and messages.
       lock_for(LockFactory): Builds a message's locks.
       outage(Outage): What a backend failure does.
+      processed(collections.abc.Callable): The worker side's answer to which
+        message this thread processes, and its locks (``None``, ``None`` outside a worker thread).
       logger(logging.Logger): The middleware's logger.
     """
 
-    def __init__(self, *, configs: ActorConfigs, lock_for: LockFactory, outage: Outage, logger: logging.Logger):
+    def __init__(
+        self,
+        *,
+        configs: ActorConfigs,
+        lock_for: LockFactory,
+        outage: Outage,
+        processed: Callable[[], tuple[MessageProxy | None, MessageLock | None]],
+        logger: logging.Logger,
+    ):
         self.configs = configs
         self.lock_for = lock_for
         self.outage = outage
+        self.processed = processed
         self.logger = logger
         self._check_message_options = MessageOptionsCheck(logger)
         self._guarded_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
@@ -79,14 +87,6 @@ class ClientSide:
     def consumer_thread(self) -> None:
         """This thread is one of a worker's consumer threads."""
         self._thread.consumer = True
-
-    def processing(self, message: MessageProxy | None, *, reenters: bool = False) -> None:
-        """The worker side tells which message this thread processes now
-        (``None`` once it is done), and whether Dramatiq's re-enqueues of it
-        re-enter the lock it took."""
-        thread = self._thread
-        thread.processed = message
-        thread.reenters = reenters
 
     # The broker.enqueue guard ----------------------------------------------------
 
@@ -214,14 +214,10 @@ class ClientSide:
         thread processing it; a due delayed message moved by a consumer; a
         publish retried by the broker. Anything else is a new send, also
         a dead-lettered message enqueued again by hand."""
-        thread = self._thread
-        message_id = message.message_id
-        processed = thread.processed
-        if thread.reenters and processed is not None and processed.message_id == message_id:
-            return True
-        taken = thread.taken
-        if taken is not None and taken.message.message_id == message_id:
-            return True
+        thread, message_id = self._thread, message.message_id
+        for lock in (self.processed()[1], thread.taken):
+            if lock is not None and lock.message.message_id == message_id:
+                return True
         return thread.consumer and outcome.status == ENQUEUED and bool(outcome.digest) and outcome.holder == message_id
 
     def _is_internal_enqueue(self, broker: Broker, message: Message[Any]) -> bool:
@@ -229,10 +225,9 @@ class ClientSide:
         a due delayed message, or a worker enqueuing a pipeline's next step, a
         group's completion callback, or an ``on_success``, ``on_failure`` or
         ``on_retry_exhausted`` callback of the message it processed."""
-        thread = self._thread
-        if thread.consumer:
+        if self._thread.consumer:
             return True
-        processed = thread.processed
+        processed = self.processed()[0]
         if processed is None:
             return False
         options = processed.options

@@ -32,7 +32,7 @@ LAPSE_MARGIN = 1000
 _NO_EVENTS = Events(logger=logging.getLogger(__name__))
 
 
-__all__ = ["LockFactory", "MessageLock", "worker_id"]
+__all__ = ["MessageLock", "worker_id"]
 
 
 class MessageLock:

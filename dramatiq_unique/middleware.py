@@ -208,9 +208,13 @@ class UniqueJobs(CrashSafety, Middleware):
         outage = Outage(
             on_backend_error=on_backend_error, logger=self.logger, releases_retried=lambda: self.liveness.running
         )
-        self.client = ClientSide(configs=self.configs, lock_for=lock_for, outage=outage, logger=self.logger)
-        self.worker = WorkerSide(
-            configs=self.configs, lock_for=lock_for, outage=outage, client=self.client, logger=self.logger
+        self.worker_side = WorkerSide(configs=self.configs, lock_for=lock_for, outage=outage, logger=self.logger)
+        self.client_side = ClientSide(
+            configs=self.configs,
+            lock_for=lock_for,
+            outage=outage,
+            processed=self.worker_side.processed,
+            logger=self.logger,
         )
 
     @property
@@ -266,7 +270,7 @@ class UniqueJobs(CrashSafety, Middleware):
         # Workers are known alive, and orphans reaped, under every lock prefix in use.
         self.liveness.add_prefix(options["lock_prefix"])
         self.reaper.add_prefix(options["lock_prefix"])
-        if self.client.guard(broker):
+        if self.client_side.guard(broker):
             self._warn_if_after_retries(broker)
 
     def _warn_if_after_retries(self, broker: Broker) -> None:
@@ -287,25 +291,25 @@ class UniqueJobs(CrashSafety, Middleware):
         super().before_worker_boot(broker, worker)
 
     def after_consumer_thread_boot(self, broker: Broker, thread: Any) -> None:
-        self.client.consumer_thread()
+        self.client_side.consumer_thread()
 
     # Client side -------------------------------------------------------------
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
-        self.client.before_enqueue(broker, message, delay)
+        self.client_side.before_enqueue(broker, message, delay)
 
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
-        self.worker.enqueued(message)
+        self.worker_side.enqueued(message)
 
     # Server side -------------------------------------------------------------
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        self.worker.start(broker, message)
+        self.worker_side.start(broker, message)
 
     def after_process_message(
         self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
     ) -> None:
-        self.worker.finish(message)
+        self.worker_side.finish(message)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        self.worker.finish(message)
+        self.worker_side.finish(message)

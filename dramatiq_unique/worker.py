@@ -15,7 +15,6 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import SkipMessage
 
 from .backends import Acquisition
-from .client import ClientSide
 from .conflicts import TRY_AGAIN, conflict_of, strategy_for
 from .current import _set_current_lock
 from .errors import LockBackendError
@@ -30,7 +29,9 @@ from .strategies import SERVER
 class _Thread(threading.local):
     """What the worker side knows about the worker thread."""
 
-    #: The locks of the message this thread processes, if it has a lock.
+    #: The message this thread processes, locked or not.
+    message: MessageProxy | None = None
+    #: Its locks, once they are built.
     processing: MessageLock | None = None
 
 
@@ -41,25 +42,22 @@ class WorkerSide:
       configs(ActorConfigs): The lock options of actors and messages.
       lock_for(LockFactory): Builds a message's locks.
       outage(Outage): What a backend failure does.
-      client(ClientSide): Told which message each worker thread processes.
       logger(logging.Logger): The middleware's logger.
     """
 
-    def __init__(
-        self,
-        *,
-        configs: ActorConfigs,
-        lock_for: LockFactory,
-        outage: Outage,
-        client: ClientSide,
-        logger: logging.Logger,
-    ):
+    def __init__(self, *, configs: ActorConfigs, lock_for: LockFactory, outage: Outage, logger: logging.Logger):
         self.configs = configs
         self.lock_for = lock_for
         self.outage = outage
-        self.client = client
         self.logger = logger
         self._thread = _Thread()
+
+    def processed(self) -> tuple[MessageProxy | None, MessageLock | None]:
+        """The message this thread processes, if it is a worker thread, and
+        its locks once they are built: the client side asks, to tell
+        Dramatiq's own enqueues from new sends."""
+        thread = self._thread
+        return thread.message, thread.processing
 
     def start(self, broker: Broker, message: MessageProxy) -> None:
         """Take what the message's lock type holds while it runs, before its actor runs.
@@ -68,17 +66,17 @@ class WorkerSide:
           SkipMessage: The message must not run: rejected, replaced, or a duplicate.
           UniqueError: Its conflict strategy or the outage policy stops it.
         """
-        self._thread.processing = None
+        thread = self._thread
+        thread.processing = None
         # Every message, locked or not: its pipeline's next step is enqueued from here.
-        self.client.processing(message)
+        thread.message = message
         config = self.configs.for_message(message)
         if config is None:
             return
         outcome = enqueue_outcome(message)
         self._dead_letter_if_rejected(message, outcome)
         lock = self.lock_for(config=config, message=message, outcome=outcome)
-        self._thread.processing = lock
-        self.client.processing(message, reenters=True)
+        thread.processing = lock
         try:
             acquisition = self._take(lock)
         except LockBackendError as e:
@@ -106,8 +104,9 @@ class WorkerSide:
     def finish(self, message: MessageProxy) -> None:
         """The message leaves the worker: it ran, raised, or was skipped. Give up what it no longer holds."""
         _set_current_lock(None)
-        self.client.processing(None)
-        lock, self._thread.processing = self._thread.processing, None
+        thread = self._thread
+        thread.message = None
+        lock, thread.processing = thread.processing, None
         if lock is None or lock.message.message_id != message.message_id:
             # An earlier middleware skipped the message before we saw it
             # (AgeLimit): it gives up the enqueue lock it recorded, if any.
