@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
@@ -74,7 +74,8 @@ class WorkerSide:
         if config is None:
             return
         outcome = enqueue_outcome(message)
-        self._dead_letter_if_rejected(message, outcome)
+        if outcome.status == REJECTED:
+            self._dead_letter(message, outcome)
         lock = self.lock_for(config=config, message=message, outcome=outcome)
         thread.processing = lock
         try:
@@ -152,14 +153,13 @@ class WorkerSide:
         lock.emit(CONFLICT, side=SERVER, strategy=strategy.name, holders=holders)
         strategy.on_server_conflict(conflict)
 
-    def _dead_letter_if_rejected(self, message: MessageProxy, outcome: EnqueueOutcome) -> None:
+    def _dead_letter(self, message: MessageProxy, outcome: EnqueueOutcome) -> NoReturn:
         """A message marked rejected (its ``outcome``) goes to the dead-letter queue unrun."""
-        if outcome.status == REJECTED:
-            self.logger.info(
-                "Message %r of actor %r is dead-lettered without running: %s.",
-                message.message_id,
-                message.actor_name,
-                outcome.reason,
-            )
-            message.fail()
-            raise SkipMessage("The message was rejected as a duplicate.")
+        self.logger.info(
+            "Message %r of actor %r is dead-lettered without running: %s.",
+            message.message_id,
+            message.actor_name,
+            outcome.reason,
+        )
+        message.fail()
+        raise SkipMessage("The message was rejected as a duplicate.")
