@@ -57,7 +57,7 @@ class ClientSide:
 
     Parameters:
       configs(ActorConfigs): The lock options of actors and messages.
-      lock_for(LockFactory): Builds a message's locks.
+      locks(LockFactory): Builds a message's locks.
       outage(Outage): What a backend failure does.
       processed(collections.abc.Callable): The worker side's answer to which
         message this thread processes, and its locks (``None``, ``None`` outside a worker thread).
@@ -68,13 +68,13 @@ class ClientSide:
         self,
         *,
         configs: ActorConfigs,
-        lock_for: LockFactory,
+        locks: LockFactory,
         outage: Outage,
         processed: Callable[[], tuple[MessageProxy | None, MessageLock | None]],
         logger: logging.Logger,
     ):
         self.configs = configs
-        self.lock_for = lock_for
+        self.lock_for = locks.build
         self.outage = outage
         self.processed = processed
         self.logger = logger
@@ -117,7 +117,7 @@ class ClientSide:
             except BaseException:
                 taken = thread.taken
                 if taken is not None:
-                    self.outage.release(taken.release_enqueue, taken, "after its enqueue failed")
+                    self.outage.release(MessageLock.release_enqueue, taken, "after its enqueue failed")
                 raise
             finally:
                 thread.taken = outer
@@ -154,7 +154,7 @@ class ClientSide:
         # raise) have no caller to raise to: an exception would wedge a consumer or stop a
         # pipeline.
         try:
-            lock = self.lock_for(config=config, message=message, outcome=outcome)
+            lock = self.lock_for(message, config, outcome)
         except LockArgumentsError as e:
             if not self._is_internal_enqueue(broker, message):
                 # Bad lock arguments fail the send for every lock type.
@@ -243,7 +243,7 @@ class ClientSide:
         # Never raises, but to drop a stale retry: an exception here would lose a retry or wedge a consumer.
         lock: MessageLock | None = None
         try:
-            lock = self.lock_for(config=config, message=message)
+            lock = self.lock_for(message, config)
             # A re-enqueue never takes another message's place.
             acquisition = lock.acquire_enqueue(delay, may_replace=False)
         except Exception as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from dramatiq.common import q_name
 
@@ -478,10 +478,45 @@ class MessageLock:
         )
 
 
-class LockFactory(Protocol):
-    """Builds the locks of a message with this process's parts: :meth:`MessageLock.for_message`
-    with all but these arguments given."""
+class LockFactory:
+    """Builds the locks of messages with this process's parts.
 
-    def __call__(
-        self, *, config: LockConfig, message: AnyMessage, outcome: EnqueueOutcome | None = None
-    ) -> MessageLock: ...
+    Parameters:
+      backend(LockBackend): Where the locks are stored.
+      logger(logging.Logger): Where to report a lapsed lock.
+      liveness(Liveness): This process's heartbeat thread, if any.
+      events(Events): Where the locks' events go.
+      releases(BackgroundReleases): This process's release thread, if one runs.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: LockBackend,
+        logger: logging.Logger,
+        liveness: Liveness | None = None,
+        events: Events | None = None,
+        releases: BackgroundReleases | None = None,
+    ):
+        self.backend = backend
+        self.logger = logger
+        self.liveness = liveness
+        self.events = events
+        self.releases = releases
+
+    def build(self, message: AnyMessage, config: LockConfig, outcome: EnqueueOutcome | None = None) -> MessageLock:
+        """The locks of ``message`` (see :meth:`MessageLock.for_message`).
+
+        Raises:
+          LockArgumentsError: If the digest cannot be computed.
+        """
+        return MessageLock.for_message(
+            backend=self.backend,
+            config=config,
+            message=message,
+            logger=self.logger,
+            liveness=self.liveness,
+            events=self.events,
+            releases=self.releases,
+            outcome=outcome,
+        )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ from .crash import CrashSafety
 from .errors import InvalidLockOptions
 from .events import Events, Subscriber
 from .liveness import Liveness
-from .lock import MessageLock
+from .lock import LockFactory
 from .metrics import PrometheusMetrics, warn_if_prometheus_follows
 from .options import (
     DEFAULT_ACTIVITY,
@@ -197,21 +196,16 @@ class UniqueJobs(CrashSafety, Middleware):
             max_reschedules=max_reschedules,
         )
         self.configs = ActorConfigs(self.defaults)
-        lock_for = functools.partial(
-            MessageLock.for_message,
-            backend=backend,
-            logger=self.logger,
-            liveness=self.liveness,
-            events=self.events,
-            releases=self.releases,
+        locks = LockFactory(
+            backend=backend, logger=self.logger, liveness=self.liveness, events=self.events, releases=self.releases
         )
         outage = Outage(
             on_backend_error=on_backend_error, logger=self.logger, releases_retried=lambda: self.liveness.running
         )
-        self.worker_side = WorkerSide(configs=self.configs, lock_for=lock_for, outage=outage, logger=self.logger)
+        self.worker_side = WorkerSide(configs=self.configs, locks=locks, outage=outage, logger=self.logger)
         self.client_side = ClientSide(
             configs=self.configs,
-            lock_for=lock_for,
+            locks=locks,
             outage=outage,
             processed=self.worker_side.processed,
             logger=self.logger,

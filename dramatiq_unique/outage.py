@@ -52,13 +52,13 @@ class Outage:
             error,
         )
 
-    def release(self, release: Callable[[], None], lock: MessageLock, when: str) -> None:
-        """Call ``release``; a backend failure is logged, never raised: the
+    def release(self, release: Callable[[MessageLock], None], lock: MessageLock, when: str) -> None:
+        """Call ``release(lock)``; a backend failure is logged, never raised: the
         release is tried again, or the lock's lease, its TTL or the orphan reaper frees it."""
-        message = lock.message
         try:
-            release()
+            release(lock)
         except LockBackendError as e:
+            message = lock.message
             lock.emit(BACKEND_ERROR, reason="release", error=e)
             self.logger.warning(
                 "The lock of message %r of actor %r could not be released %s: %s. %s",

@@ -40,14 +40,14 @@ class WorkerSide:
 
     Parameters:
       configs(ActorConfigs): The lock options of actors and messages.
-      lock_for(LockFactory): Builds a message's locks.
+      locks(LockFactory): Builds a message's locks.
       outage(Outage): What a backend failure does.
       logger(logging.Logger): The middleware's logger.
     """
 
-    def __init__(self, *, configs: ActorConfigs, lock_for: LockFactory, outage: Outage, logger: logging.Logger):
+    def __init__(self, *, configs: ActorConfigs, locks: LockFactory, outage: Outage, logger: logging.Logger):
         self.configs = configs
-        self.lock_for = lock_for
+        self.lock_for = locks.build
         self.outage = outage
         self.logger = logger
         self._thread = _Thread()
@@ -76,7 +76,7 @@ class WorkerSide:
         outcome = enqueue_outcome(message)
         if outcome.status == REJECTED:
             self._dead_letter(message, outcome)
-        lock = self.lock_for(config=config, message=message, outcome=outcome)
+        lock = self.lock_for(message, config, outcome)
         thread.processing = lock
         try:
             acquisition = self._take(lock)
@@ -114,8 +114,8 @@ class WorkerSide:
             config = self.configs.for_message(message)
             if config is None or not enqueue_outcome(message).digest:
                 return
-            lock = self.lock_for(config=config, message=message)
-        self.outage.release(lambda: self._give_up(lock), lock, "after it was processed")
+            lock = self.lock_for(message, config)
+        self.outage.release(self._give_up, lock, "after it was processed")
 
     @staticmethod
     def _take(lock: MessageLock) -> Acquisition | None:
