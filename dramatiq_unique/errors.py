@@ -8,13 +8,14 @@ ignored while the message is enqueued or run anyway.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dramatiq import Retry
 from dramatiq.middleware import MiddlewareError
 
 if TYPE_CHECKING:
-    from .outcome import AnyMessage
+    from dramatiq import Message
+    from dramatiq.broker import MessageProxy
 
 
 class UniqueError(MiddlewareError):
@@ -92,6 +93,6 @@ class EnqueueCancelled(UniqueError):
       message(dramatiq.Message): The message that was not enqueued.
     """
 
-    def __init__(self, reason: str, message: AnyMessage):
+    def __init__(self, reason: str, message: Message[Any] | MessageProxy):
         super().__init__(reason)
         self.message = message

@@ -36,11 +36,6 @@ from .keys import RUN
 if TYPE_CHECKING:
     from .lock import MessageLock
 
-#: The default lease of a run lock, in milliseconds: a dead worker's run locks are free again within it.
-DEFAULT_LEASE_PERIOD = 30_000
-#: The default interval between two heartbeats of a worker process, in milliseconds.
-DEFAULT_HEARTBEAT_INTERVAL = 5_000
-
 _worker_id: tuple[int, str] | None = None
 
 

@@ -476,3 +476,47 @@ class MessageLock:
             and self.config.client_strategy.replaces_queued_holders
             and not has_followers(self.message),
         )
+
+
+class LockFactory:
+    """Builds the locks of messages with this process's parts.
+
+    Parameters:
+      backend(LockBackend): Where the locks are stored.
+      logger(logging.Logger): Where to report a lapsed lock.
+      liveness(Liveness): This process's heartbeat thread, if any.
+      events(Events): Where the locks' events go.
+      releases(BackgroundReleases): This process's release thread, if one runs.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: LockBackend,
+        logger: logging.Logger,
+        liveness: Liveness | None = None,
+        events: Events | None = None,
+        releases: BackgroundReleases | None = None,
+    ):
+        self.backend = backend
+        self.logger = logger
+        self.liveness = liveness
+        self.events = events
+        self.releases = releases
+
+    def build(self, message: AnyMessage, config: LockConfig, outcome: EnqueueOutcome | None = None) -> MessageLock:
+        """The locks of ``message`` (see :meth:`MessageLock.for_message`).
+
+        Raises:
+          LockArgumentsError: If the digest cannot be computed.
+        """
+        return MessageLock.for_message(
+            backend=self.backend,
+            config=config,
+            message=message,
+            logger=self.logger,
+            liveness=self.liveness,
+            events=self.events,
+            releases=self.releases,
+            outcome=outcome,
+        )

@@ -14,7 +14,6 @@ in the files that middleware's endpoint reads.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import sys
 import threading
@@ -23,7 +22,6 @@ from typing import Any
 
 from dramatiq import Broker, Middleware
 
-from .errors import InvalidLockOptions
 from .events import ACQUIRED, BACKEND_ERROR, CONFLICT, LEASE_LOST, REAPED, RELEASED, LockEvent
 
 #: Each counter: the event kind it counts, its name, its help and its labels beyond queue and actor.
@@ -47,28 +45,6 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 #: The counters built in each registry: a registry refuses a second counter of a name.
 _BUILT: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 _BUILT_MUTEX = threading.Lock()
-
-
-def check_metrics_option(metrics: Any) -> None:
-    """Validate ``UniqueJobs(metrics=...)``.
-
-    Raises:
-      InvalidLockOptions: If it is neither a bool nor a registry, or
-        prometheus_client is not installed.
-    """
-    if metrics is False:
-        return
-    if metrics is not True and not callable(getattr(metrics, "register", None)):
-        raise InvalidLockOptions(
-            f"UniqueJobs has an invalid metrics={metrics!r}: valid choices are True (prometheus_client's "
-            "default registry), False, or a prometheus_client CollectorRegistry."
-        )
-    # Looked up, not imported: importing it now would decide its multiprocess mode too early.
-    if importlib.util.find_spec("prometheus_client") is None:
-        raise InvalidLockOptions(
-            "UniqueJobs has metrics=True, but prometheus_client is not installed: "
-            "install it with pip install 'dramatiq-unique[prometheus]', or leave metrics out."
-        )
 
 
 class PrometheusMetrics:

@@ -3,64 +3,57 @@
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any
 
 from dramatiq import Broker, Message, Middleware
 from dramatiq.actor import Actor
 from dramatiq.broker import MessageProxy
 from dramatiq.logging import get_logger
-from dramatiq.middleware import Retries, SkipMessage
+from dramatiq.middleware import Retries
 
 from .activity import ActivityCounter
 from .backends import LockBackend
-from .crash import ALLOW, RAISE, CrashSafety, check_crash_options
-from .current import _set_current_lock
-from .errors import EnqueueCancelled, InvalidLockOptions, LockArgumentsError, LockBackendError
-from .events import BACKEND_ERROR, CONFLICT, Events, Subscriber
-from .events import RESCHEDULED as RESCHEDULED_EVENT
-from .liveness import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_PERIOD, Liveness
-from .lock import MessageLock
-from .metrics import PrometheusMetrics, check_metrics_option, warn_if_prometheus_follows
+from .client import ClientSide
+from .crash import CrashSafety
+from .errors import InvalidLockOptions
+from .events import Events, Subscriber
+from .liveness import Liveness
+from .lock import LockFactory
+from .metrics import PrometheusMetrics, warn_if_prometheus_follows
 from .options import (
+    DEFAULT_ACTIVITY,
+    DEFAULT_BACKGROUND_RELEASES,
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_LEASE_PERIOD,
+    DEFAULT_LOCK,
+    DEFAULT_LOCK_ARGS_METHOD,
+    DEFAULT_LOCK_LIMIT,
     DEFAULT_LOCK_PREFIX,
+    DEFAULT_LOCK_TTL,
+    DEFAULT_MAX_RESCHEDULES,
+    DEFAULT_METRICS,
+    DEFAULT_ON_BACKEND_ERROR,
+    DEFAULT_ON_CONFLICT,
+    DEFAULT_REAPER,
+    DEFAULT_REAPER_INTERVAL,
+    DEFAULT_REAPER_QUEUE,
     DEFAULT_RESCHEDULE_DELAY,
+    DEFAULT_UNIQUE_ACROSS_ACTORS,
+    DEFAULT_UNIQUE_ACROSS_QUEUES,
     DEFAULTS,
-    MESSAGE_OPTIONS,
+    ActorConfigs,
     LockConfig,
-    MessageOptionsCheck,
-    resolve,
+    check_middleware_options,
+    lock_defaults,
 )
-from .outcome import (
-    DUPLICATE,
-    ENQUEUED,
-    REJECTED,
-    RESCHEDULED,
-    UNLOCKED,
-    AnyMessage,
-    EnqueueOutcome,
-    enqueue_outcome,
-    has_followers,
-    record_outcome,
-)
-from .reaper import DEFAULT_REAPER_INTERVAL, Reaper
+from .outage import Outage
+from .reaper import Reaper
 from .releases import BackgroundReleases
-from .strategies import CLIENT, SERVER, Conflict, ConflictStrategy
-from .strategies.reject import dead_letter_if_rejected
-from .strategies.reschedule import Reschedule, send_later
-
-#: The options of Dramatiq's Callbacks and Retries that name an actor sent when a message ends.
-_CALLBACK_OPTIONS = ("on_success", "on_failure", "on_retry_exhausted")
+from .worker import WorkerSide
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
-
-#: What becomes of a message that must not be dropped and cannot take its lock
-#: now: a redelivery meeting its own earlier attempt, a message that a group or
-#: a pipeline waits for, a message that Dramatiq itself enqueues.
-_TRY_AGAIN_STRATEGY = Reschedule()
 
 
 class UniqueJobs(CrashSafety, Middleware):
@@ -123,36 +116,36 @@ class UniqueJobs(CrashSafety, Middleware):
         self,
         *,
         backend: LockBackend,
-        lock: str | None = None,
-        on_conflict: Any = "log",
-        lock_limit: int = 1,
-        lock_ttl: int | None = None,
-        lock_args_method: Callable[..., Any] | None = None,
+        lock: str | None = DEFAULT_LOCK,
+        on_conflict: Any = DEFAULT_ON_CONFLICT,
+        lock_limit: int = DEFAULT_LOCK_LIMIT,
+        lock_ttl: int | None = DEFAULT_LOCK_TTL,
+        lock_args_method: Callable[..., Any] | None = DEFAULT_LOCK_ARGS_METHOD,
         lock_prefix: str = DEFAULT_LOCK_PREFIX,
-        unique_across_queues: bool = False,
-        unique_across_actors: bool = False,
+        unique_across_queues: bool = DEFAULT_UNIQUE_ACROSS_QUEUES,
+        unique_across_actors: bool = DEFAULT_UNIQUE_ACROSS_ACTORS,
         reschedule_delay: int = DEFAULT_RESCHEDULE_DELAY,
-        max_reschedules: int | None = None,
+        max_reschedules: int | None = DEFAULT_MAX_RESCHEDULES,
         lease_period: int = DEFAULT_LEASE_PERIOD,
         heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
-        on_backend_error: str = RAISE,
-        reaper: bool = False,
+        on_backend_error: str = DEFAULT_ON_BACKEND_ERROR,
+        reaper: bool = DEFAULT_REAPER,
         reaper_interval: int | None = DEFAULT_REAPER_INTERVAL,
-        reaper_queue: str = "default",
-        background_releases: bool = True,
-        metrics: bool | CollectorRegistry = False,
-        activity: bool = True,
+        reaper_queue: str = DEFAULT_REAPER_QUEUE,
+        background_releases: bool = DEFAULT_BACKGROUND_RELEASES,
+        metrics: bool | CollectorRegistry = DEFAULT_METRICS,
+        activity: bool = DEFAULT_ACTIVITY,
     ):
         self.logger: logging.Logger = get_logger(__name__, type(self))  # type: ignore[no-untyped-call]
         self.backend = backend
-        check_crash_options(
+        check_middleware_options(
             lease_period=lease_period,
             heartbeat_interval=heartbeat_interval,
             on_backend_error=on_backend_error,
             reaper_interval=reaper_interval,
+            metrics=metrics,
+            background_releases=background_releases,
         )
-        check_metrics_option(metrics)
-        self.on_backend_error = on_backend_error
         #: The lock events of this middleware's messages, its heartbeat thread and its reaper.
         self.events = Events(logger=self.logger)
         self.liveness = Liveness(
@@ -164,10 +157,6 @@ class UniqueJobs(CrashSafety, Middleware):
             events=self.events,
         )
         self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger, events=self.events)
-        if not isinstance(background_releases, bool):
-            raise InvalidLockOptions(
-                f"UniqueJobs has an invalid background_releases={background_releases!r}: it must be True or False."
-            )
         self.releases = (
             BackgroundReleases(backend, logger=self.logger, retry=self.liveness.retry_release)
             if background_releases
@@ -194,27 +183,33 @@ class UniqueJobs(CrashSafety, Middleware):
         self.reaper_actor: Actor[Any, Any] | None = None
         if reaper and reaper_interval is not None:
             self.liveness.on_tick = self._maybe_trigger_reaper
-        self.defaults = {
-            "lock": lock,
-            "on_conflict": on_conflict,
-            "lock_limit": lock_limit,
-            "lock_ttl": lock_ttl,
-            "lock_args_method": lock_args_method,
-            "lock_prefix": lock_prefix,
-            "unique_across_queues": unique_across_queues,
-            "unique_across_actors": unique_across_actors,
-            "reschedule_delay": reschedule_delay,
-            "max_reschedules": max_reschedules,
-        }
-        self._default_config = resolve("UniqueJobs", self.defaults)
-        self._check_message_options = MessageOptionsCheck(self.logger)
-        #: The merged options and the resolved config of each declared actor.
-        self._actors: dict[str, tuple[dict[str, Any], LockConfig | None]] = {}
-        self._guarded_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
-        # Per thread: .processing is the MessageLock of the message this worker
-        # thread processes; .taken is the MessageLock whose enqueue lock the
-        # enqueue under way has just taken.
-        self._local = threading.local()
+        self.defaults = lock_defaults(
+            lock=lock,
+            on_conflict=on_conflict,
+            lock_limit=lock_limit,
+            lock_ttl=lock_ttl,
+            lock_args_method=lock_args_method,
+            lock_prefix=lock_prefix,
+            unique_across_queues=unique_across_queues,
+            unique_across_actors=unique_across_actors,
+            reschedule_delay=reschedule_delay,
+            max_reschedules=max_reschedules,
+        )
+        self.configs = ActorConfigs(self.defaults)
+        locks = LockFactory(
+            backend=backend, logger=self.logger, liveness=self.liveness, events=self.events, releases=self.releases
+        )
+        outage = Outage(
+            on_backend_error=on_backend_error, logger=self.logger, releases_retried=lambda: self.liveness.running
+        )
+        self.worker_side = WorkerSide(configs=self.configs, locks=locks, outage=outage, logger=self.logger)
+        self.client_side = ClientSide(
+            configs=self.configs,
+            locks=locks,
+            outage=outage,
+            processed=self.worker_side.processed,
+            logger=self.logger,
+        )
 
     @property
     def actor_options(self) -> set[str]:
@@ -228,7 +223,7 @@ class UniqueJobs(CrashSafety, Middleware):
     def lock_config(self, actor_name: str) -> LockConfig | None:
         """The resolved lock options of an actor, as its messages use them
         unless one overrides them; ``None`` when it has no lock."""
-        return self._actors.get(actor_name, (self.defaults, self._default_config))[1]
+        return self.configs.for_actor(actor_name)
 
     # Lock events -------------------------------------------------------------
 
@@ -265,32 +260,14 @@ class UniqueJobs(CrashSafety, Middleware):
                 f"UniqueJobs was added to this broker {count} times. Add it once, and give actors that "
                 "need other lock options their own options in @dramatiq.actor(...)."
             )
-        options = {**self.defaults, **{k: v for k, v in actor.options.items() if k in DEFAULTS}}
-        config = resolve(f"Actor {actor.actor_name!r}", options)
-        self._actors[actor.actor_name] = (options, config)
-        # Workers are known alive, and orphans reaped, under every lock prefix in use (issue 8, defect 4).
+        options = self.configs.declare(actor)
+        # Workers are known alive, and orphans reaped, under every lock prefix in use.
         self.liveness.add_prefix(options["lock_prefix"])
         self.reaper.add_prefix(options["lock_prefix"])
-        self._guard_enqueue(broker)
+        if self.client_side.guard(broker):
+            self._warn_if_after_retries(broker)
 
-    def _guard_enqueue(self, broker: Broker) -> None:
-        """Wrap the broker's ``enqueue`` so that a duplicate dropped in
-        ``before_enqueue`` makes ``send()`` return normally, and an
-        enqueue that fails after its lock was taken gives the lock up.
-
-        Dramatiq offers no other way: ``before_enqueue`` can only stop an
-        enqueue by raising through ``send()`` (dramatiq#276).
-        """
-        if broker in self._guarded_brokers:
-            return
-        self._guarded_brokers.add(broker)
-        enqueue = broker.enqueue
-
-        def guarded_enqueue(message: Message[Any], *, delay: int | None = None) -> Message[Any]:
-            return self._enqueue(enqueue, message, delay)
-
-        broker.enqueue = guarded_enqueue  # type: ignore[method-assign]
-
+    def _warn_if_after_retries(self, broker: Broker) -> None:
         retries = [i for i, m in enumerate(broker.middleware) if isinstance(m, Retries)]
         if retries and self in broker.middleware and broker.middleware.index(self) > retries[0]:
             self.logger.warning(
@@ -298,20 +275,7 @@ class UniqueJobs(CrashSafety, Middleware):
                 "Add it with broker.add_middleware(..., before=TimeLimit)."
             )
 
-    def _enqueue(self, enqueue: Callable[..., Message[Any]], message: Message[Any], delay: int | None) -> Message[Any]:
-        outer, self._local.taken = getattr(self._local, "taken", None), None
-        try:
-            return enqueue(message, delay=delay)
-        except EnqueueCancelled as e:
-            # Raised in before_enqueue, so about a message being sent, never a worker's proxy.
-            return cast("Message[Any]", e.message)
-        except BaseException:
-            taken = self._local.taken
-            if taken is not None:
-                self._release(taken.release_enqueue, taken, "after its enqueue failed")
-            raise
-        finally:
-            self._local.taken = outer
+    # Worker lifecycle -------------------------------------------------------
 
     def before_worker_boot(self, broker: Broker, worker: Any) -> None:
         warn_if_prometheus_follows(broker, self, self.logger)
@@ -321,286 +285,25 @@ class UniqueJobs(CrashSafety, Middleware):
         super().before_worker_boot(broker, worker)
 
     def after_consumer_thread_boot(self, broker: Broker, thread: Any) -> None:
-        # Consumer threads enqueue only to move due delayed messages to their queues.
-        self._local.consumer = True
+        self.client_side.consumer_thread()
 
     # Client side -------------------------------------------------------------
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
-        self._check_message_options(broker, message)
-        config = self._config_for(message)
-        if config is None:
-            return
-        outcome = enqueue_outcome(message)
-        if self._passes_unlocked(outcome, delay):
-            return
-        if self._is_reenqueue(message, outcome):
-            if config.lock.locks_at_enqueue:
-                self._reenter(message, config, delay)
-            return
-        # Dramatiq's own enqueues (_is_internal_enqueue, asked only on the paths that could
-        # raise) have no caller to raise to: an exception would wedge a consumer or stop a
-        # pipeline (L6).
-        try:
-            lock = self._lock_for(message, config, outcome)
-        except LockArgumentsError as e:
-            if not self._is_internal_enqueue(broker, message):
-                # Bad lock arguments fail the send for every lock type (D6).
-                raise LockArgumentsError(f"{e} The message was not enqueued and no lock was taken.") from e.__cause__
-            self.logger.error(
-                "Message %r of actor %r is enqueued without a lock: %s", message.message_id, message.actor_name, e
-            )
-            return
-        if not config.lock.locks_at_enqueue:
-            lock.record_enqueued()
-            return
-        try:
-            acquisition = lock.acquire_enqueue(delay)
-        except LockBackendError as e:
-            lock.emit(BACKEND_ERROR, reason="acquisition at enqueue", error=e)
-            # The script may have run and only its answer been lost: give the place back.
-            lock.forget_enqueue_after_failure()
-            if self.on_backend_error != ALLOW and self._is_internal_enqueue(broker, message):
-                self._try_again_later(broker, lock, delay, f"the lock backend failed ({e})")
-            self._backend_failed(message, "enqueued", e)  # raises, unless on_backend_error="allow"
-            lock.record_enqueued(status=UNLOCKED)
-            return
-        if acquisition.acquired:
-            self._local.taken = lock
-            return
-        conflict = Conflict(broker, message, lock, acquisition.holders, CLIENT, self.logger, delay=delay)
-        strategy = self._strategy_for(message, config.client_strategy)
-        internal = self._is_internal_enqueue(broker, message)
-        if internal and strategy.fails_send:
-            strategy = _TRY_AGAIN_STRATEGY
-        lock.emit(CONFLICT, side=CLIENT, strategy=strategy.name, holders=acquisition.holders)
-        try:
-            strategy.on_client_conflict(conflict)
-        except EnqueueCancelled:
-            raise
-        except Exception as e:
-            if not internal:
-                raise
-            self._try_again_later(broker, lock, delay, f"its conflict strategy {strategy.name!r} raised {e!r}")
+        self.client_side.before_enqueue(broker, message, delay)
 
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
-        processing = getattr(self._local, "processing", None)
-        if processing is not None and processing.message.message_id == message.message_id:
-            processing.requeued = True
-
-    def _is_reenqueue(self, message: Message[Any], outcome: EnqueueOutcome) -> bool:
-        """Whether this is Dramatiq enqueuing a message again that took its
-        lock before: a retry, or a reschedule, from the worker
-        thread processing it; a due delayed message moved by a consumer; a
-        publish retried by the broker. Anything else is a new send, also
-        a dead-lettered message enqueued again by hand."""
-        local = self._local
-        for lock in (getattr(local, "processing", None), getattr(local, "taken", None)):
-            if lock is not None and lock.message.message_id == message.message_id:
-                return True
-        return (
-            getattr(local, "consumer", False)
-            and outcome.status == ENQUEUED
-            and bool(outcome.digest)
-            and outcome.holder == message.message_id
-        )
-
-    def _is_internal_enqueue(self, broker: Broker, message: Message[Any]) -> bool:
-        """Whether Dramatiq itself enqueues this new message: a consumer moving
-        a due delayed message, or a worker enqueuing a pipeline's next step, a
-        group's completion callback, or an ``on_success``, ``on_failure`` or
-        ``on_retry_exhausted`` callback of the message it processed."""
-        if getattr(self._local, "consumer", False):
-            return True
-        processed = getattr(self._local, "message", None)
-        if processed is None:
-            return False
-        options = processed.options
-        followers = [options.get("pipe_target") or {}, *(options.get("group_completion_callbacks") or ())]
-        if any(follower.get("message_id") == message.message_id for follower in followers):
-            return True
-        actor_options = broker.actors[processed.actor_name].options if processed.actor_name in broker.actors else {}
-        return any((options.get(name) or actor_options.get(name)) == message.actor_name for name in _CALLBACK_OPTIONS)
-
-    @staticmethod
-    def _strategy_for(message: AnyMessage, strategy: ConflictStrategy) -> ConflictStrategy:
-        # A group or a pipeline waits for this message: dropping it would leave the
-        # group incomplete and stop the pipeline, so it waits for the lock instead.
-        if strategy.drops_duplicates and has_followers(message):
-            return _TRY_AGAIN_STRATEGY
-        return strategy
-
-    def _try_again_later(self, broker: Broker, lock: MessageLock, delay: int | None, reason: str) -> NoReturn:
-        """Enqueue a message that Dramatiq itself enqueues, and that could not
-        take its lock, again after ``reschedule_delay``: it tries again then."""
-        message, wait = lock.message, max(delay or 0, lock.config.reschedule_delay)
-        self.logger.warning(
-            "Message %r of actor %r could not take its lock %r because %s; it tries again in %d ms.",
-            message.message_id,
-            message.actor_name,
-            lock.digest,
-            reason,
-            wait,
-        )
-        lock.emit(RESCHEDULED_EVENT, delay=wait, reason=reason)
-        # Not counted against max_reschedules: it met no holder.
-        reschedules = enqueue_outcome(message).reschedules
-        send_later(broker, message, digest=lock.digest, holder=message.message_id, reschedules=reschedules, delay=wait)
-
-    @staticmethod
-    def _passes_unlocked(outcome: EnqueueOutcome, delay: int | None) -> bool:
-        """A rejected message goes to its dead-letter queue holding no lock; a
-        rescheduled one holds none on its way to the delay queue."""
-        return outcome.status == REJECTED or (outcome.status == RESCHEDULED and delay is not None)
-
-    def _reenter(self, message: Message[Any], config: LockConfig, delay: int | None) -> None:
-        # Never raises, but to drop a stale retry: an exception here would lose a retry or wedge a consumer.
-        lock: MessageLock | None = None
-        try:
-            lock = self._lock_for(message, config)
-            # A re-enqueue never takes another message's place (C4).
-            acquisition = lock.acquire_enqueue(delay, may_replace=False)
-        except Exception as e:
-            if lock is not None and isinstance(e, LockBackendError):
-                lock.emit(BACKEND_ERROR, reason="acquisition at enqueue", error=e)
-            self.logger.warning(
-                "Message %r of actor %r is enqueued again without its lock: %s",
-                message.message_id,
-                message.actor_name,
-                e,
-                exc_info=self.logger.isEnabledFor(logging.DEBUG),
-            )
-            return
-        if acquisition.acquired:
-            return
-        holders = ", ".join(map(repr, acquisition.holders))
-        if config.client_strategy.replaces_queued_holders and not has_followers(message):
-            # The newest message runs: an older one coming back from a retry gives way to it.
-            self.logger.info(
-                "Message %r of actor %r is not enqueued again: newer message %s took its lock %r (strategy 'replace').",
-                message.message_id,
-                message.actor_name,
-                holders,
-                lock.digest,
-            )
-            lock.emit(CONFLICT, side=CLIENT, strategy=config.client_strategy.name, holders=acquisition.holders)
-            record_outcome(message, EnqueueOutcome(status=DUPLICATE, digest=lock.digest, holder=acquisition.holders[0]))
-            raise EnqueueCancelled("A newer message holds the lock.", message)
-        self.logger.warning(
-            "Message %r of actor %r is enqueued again although its lock %r is now held by message %s: "
-            "Dramatiq's own re-enqueues are never blocked.",
-            message.message_id,
-            message.actor_name,
-            lock.digest,
-            holders,
-        )
+        self.worker_side.enqueued(message)
 
     # Server side -------------------------------------------------------------
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        self._local.processing = None
-        # Every message, locked or not: its pipeline's next step is enqueued from here.
-        self._local.message = message
-        config = self._config_for(message)
-        if config is None:
-            return
-        outcome = enqueue_outcome(message)
-        dead_letter_if_rejected(message, self.logger, outcome)
-        lock = self._lock_for(message, config, outcome)
-        self._local.processing = lock
-        try:
-            acquisition = config.lock.start(lock)
-        except LockBackendError as e:
-            lock.emit(BACKEND_ERROR, reason="start", error=e)
-            self._backend_failed(message, "run", e)  # raises, unless on_backend_error="allow"
-            acquisition = None
-        if lock.superseded:
-            self.logger.info(
-                "Message %r of actor %r is skipped: a newer message took its place in lock %r (strategy 'replace').",
-                message.message_id,
-                message.actor_name,
-                lock.digest,
-            )
-            raise SkipMessage("A newer message replaced this one.")
-        if acquisition is not None and not acquisition.acquired:
-            conflict = Conflict(broker, message, lock, acquisition.holders, SERVER, self.logger)
-            strategy = self._strategy_for(message, config.server_strategy)
-            if message.message_id in acquisition.holders:
-                # A redelivery met the run lock of its own earlier attempt, whose worker died or
-                # which the broker gave up on: it is no duplicate to drop, so it tries again
-                # once that attempt has finished or its lease has run out (SPEC L7, R1).
-                strategy = _TRY_AGAIN_STRATEGY
-            lock.emit(CONFLICT, side=SERVER, strategy=strategy.name, holders=acquisition.holders)
-            strategy.on_server_conflict(conflict)
-        _set_current_lock(lock.held())
+        self.worker_side.start(broker, message)
 
     def after_process_message(
         self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
     ) -> None:
-        self._finish(message)
+        self.worker_side.finish(message)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        self._finish(message)
-
-    def _finish(self, message: MessageProxy) -> None:
-        _set_current_lock(None)
-        self._local.message = None
-        lock, self._local.processing = getattr(self._local, "processing", None), None
-        if lock is None or lock.message.message_id != message.message_id:
-            # An earlier middleware skipped the message before we saw it
-            # (AgeLimit): it gives up the enqueue lock it recorded, if any.
-            config = self._config_for(message)
-            if config is None or not enqueue_outcome(message).digest:
-                return
-            lock = self._lock_for(message, config)
-        self._release(lambda: lock.config.lock.end(lock, requeued=lock.requeued), lock, "after it was processed")
-
-    # Helpers -----------------------------------------------------------------
-
-    def _lock_for(self, message: AnyMessage, config: LockConfig, outcome: EnqueueOutcome | None = None) -> MessageLock:
-        return MessageLock.for_message(
-            backend=self.backend,
-            config=config,
-            message=message,
-            logger=self.logger,
-            liveness=self.liveness,
-            events=self.events,
-            releases=self.releases,
-            outcome=outcome,
-        )
-
-    def _config_for(self, message: AnyMessage) -> LockConfig | None:
-        options, config = self._actors.get(message.actor_name, (self.defaults, self._default_config))
-        message_options = message.options
-        if MESSAGE_OPTIONS.isdisjoint(message_options):  # nearly always: no per-message lock options
-            return config
-        overrides = {name: message_options[name] for name in MESSAGE_OPTIONS if name in message_options}
-        subject = f"Actor {message.actor_name!r} (options of message {message.message_id!r})"
-        overridden = resolve(subject, {**options, **overrides})
-        # Every message of a replacing actor records when it starts, so that a
-        # running holder is never replaced: replace is all or nothing per actor.
-        if overridden and config and overridden.client_strategy is not config.client_strategy:
-            if config.client_strategy.replaces_queued_holders or overridden.client_strategy.replaces_queued_holders:
-                raise InvalidLockOptions(
-                    f"{subject} sets on_conflict={overrides['on_conflict']!r}: the client strategy 'replace' can only "
-                    "be chosen for a whole actor, in its options or the middleware's."
-                )
-        return overridden
-
-    def _release(self, release: Callable[[], None], lock: MessageLock, when: str) -> None:
-        message = lock.message
-        try:
-            release()
-        except LockBackendError as e:
-            lock.emit(BACKEND_ERROR, reason="release", error=e)
-            self.logger.warning(
-                "The lock of message %r of actor %r could not be released %s: %s. %s",
-                message.message_id,
-                message.actor_name,
-                when,
-                e,
-                "This worker tries again; the lock's lease or its lock_ttl frees it if that fails too."
-                if self.liveness.running
-                else "The orphan reaper or the lock's lock_ttl frees it.",
-                exc_info=self.logger.isEnabledFor(logging.DEBUG),
-            )
+        self.worker_side.finish(message)

@@ -1,38 +1,71 @@
-"""Lock options: their names, defaults and validation."""
+"""Options: their names, their defaults (this module is their one home) and their validation.
+
+The lock options are actor options too, and most are message options; the
+others are options of the middleware only.
+"""
 
 from __future__ import annotations
 
 import difflib
 import functools
+import importlib.util
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from dramatiq import Broker, Message
+from dramatiq import Actor, Broker, Message
 
 from .errors import InvalidLockOptions
 from .locks import LOCK_TYPES, LockType
+from .outcome import AnyMessage
 from .strategies import CLIENT, SERVER, STRATEGIES, ConflictStrategy
 
+#: ``on_backend_error`` values: fail closed, or fail open.
+RAISE = "raise"
+ALLOW = "allow"
+
+# The defaults of the lock options (the middleware's, which actors and messages override).
+DEFAULT_LOCK: str | None = None
+DEFAULT_ON_CONFLICT = "log"
+DEFAULT_LOCK_LIMIT = 1
+DEFAULT_LOCK_TTL: int | None = None
+DEFAULT_LOCK_ARGS_METHOD: Callable[..., Any] | None = None
 #: The default prefix of every key.
 DEFAULT_LOCK_PREFIX = "dramatiq-unique"
+DEFAULT_UNIQUE_ACROSS_QUEUES = False
+DEFAULT_UNIQUE_ACROSS_ACTORS = False
 #: The default delay before a rescheduled duplicate tries again, in milliseconds.
 DEFAULT_RESCHEDULE_DELAY = 5000
+DEFAULT_MAX_RESCHEDULES: int | None = None
+
+# The defaults of the middleware's own options.
+#: The default lease of a run lock, in milliseconds: a dead worker's run locks are free again within it.
+DEFAULT_LEASE_PERIOD = 30_000
+#: The default interval between two heartbeats of a worker process, in milliseconds.
+DEFAULT_HEARTBEAT_INTERVAL = 5_000
+DEFAULT_ON_BACKEND_ERROR = RAISE
+DEFAULT_REAPER = False
+#: The default interval between two reaper runs, in milliseconds.
+DEFAULT_REAPER_INTERVAL: int | None = 600_000
+DEFAULT_REAPER_QUEUE = "default"
+DEFAULT_BACKGROUND_RELEASES = True
+DEFAULT_METRICS = False
+DEFAULT_ACTIVITY = True
 
 #: The options an actor accepts, with the middleware's defaults.
 DEFAULTS: dict[str, Any] = {
-    "lock": None,
-    "on_conflict": "log",
-    "lock_limit": 1,
-    "lock_ttl": None,
-    "lock_args_method": None,
+    "lock": DEFAULT_LOCK,
+    "on_conflict": DEFAULT_ON_CONFLICT,
+    "lock_limit": DEFAULT_LOCK_LIMIT,
+    "lock_ttl": DEFAULT_LOCK_TTL,
+    "lock_args_method": DEFAULT_LOCK_ARGS_METHOD,
     "lock_prefix": DEFAULT_LOCK_PREFIX,
-    "unique_across_queues": False,
-    "unique_across_actors": False,
+    "unique_across_queues": DEFAULT_UNIQUE_ACROSS_QUEUES,
+    "unique_across_actors": DEFAULT_UNIQUE_ACROSS_ACTORS,
     "reschedule_delay": DEFAULT_RESCHEDULE_DELAY,
-    "max_reschedules": None,
+    "max_reschedules": DEFAULT_MAX_RESCHEDULES,
 }
 
 #: The options a message may override with ``send_with_options``: all but
@@ -120,6 +153,130 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
         reschedule_delay=options["reschedule_delay"],
         max_reschedules=options["max_reschedules"],
     )
+
+
+def lock_defaults(**options: Any) -> dict[str, Any]:
+    """The lock options given to the middleware, which its actors start from.
+
+    Parameters:
+      options: A value for every name in :data:`DEFAULTS`, and nothing else.
+    """
+    if options.keys() != DEFAULTS.keys():
+        raise TypeError(f"lock_defaults() takes exactly the lock options {_choices(DEFAULTS)}.")
+    return options
+
+
+def check_middleware_options(
+    *,
+    lease_period: Any,
+    heartbeat_interval: Any,
+    on_backend_error: Any,
+    reaper_interval: Any,
+    metrics: Any,
+    background_releases: Any,
+) -> None:
+    """Validate the options of the middleware only.
+
+    Raises:
+      InvalidLockOptions: Naming the option, the bad value and what it must be.
+    """
+
+    def integer(name: str, value: Any, minimum: int, optional: bool = False) -> None:
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise InvalidLockOptions(
+                f"UniqueJobs has an invalid {name}={value!r}: it must be an integer >= {minimum} (milliseconds)"
+                + (" or None." if optional else ".")
+            )
+
+    integer("lease_period", lease_period, 3)
+    integer("heartbeat_interval", heartbeat_interval, 1)
+    integer("reaper_interval", reaper_interval, 1, optional=True)
+    if heartbeat_interval * 3 > lease_period:
+        raise InvalidLockOptions(
+            f"UniqueJobs has heartbeat_interval={heartbeat_interval!r} and lease_period={lease_period!r}: "
+            "the heartbeat interval must be at most a third of the lease period, so that a live worker "
+            "renews its run locks before they lapse."
+        )
+    if on_backend_error not in (RAISE, ALLOW):
+        raise InvalidLockOptions(
+            f"UniqueJobs has an invalid on_backend_error={on_backend_error!r}: "
+            f"valid choices are {RAISE!r} and {ALLOW!r}."
+        )
+    _check_metrics(metrics)
+    if not isinstance(background_releases, bool):
+        raise InvalidLockOptions(
+            f"UniqueJobs has an invalid background_releases={background_releases!r}: it must be True or False."
+        )
+
+
+def _check_metrics(metrics: Any) -> None:
+    if metrics is False:
+        return
+    if metrics is not True and not callable(getattr(metrics, "register", None)):
+        raise InvalidLockOptions(
+            f"UniqueJobs has an invalid metrics={metrics!r}: valid choices are True (prometheus_client's "
+            "default registry), False, or a prometheus_client CollectorRegistry."
+        )
+    # Looked up, not imported: importing it now would decide its multiprocess mode too early.
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise InvalidLockOptions(
+            "UniqueJobs has metrics=True, but prometheus_client is not installed: "
+            "install it with pip install 'dramatiq-unique[prometheus]', or leave metrics out."
+        )
+
+
+class ActorConfigs:
+    """The lock options of each declared actor, resolved once, and of each message.
+
+    Parameters:
+      defaults(Mapping): The middleware's lock options (see :func:`lock_defaults`).
+    """
+
+    def __init__(self, defaults: Mapping[str, Any]) -> None:
+        self.defaults = dict(defaults)
+        self._default = (self.defaults, resolve("UniqueJobs", self.defaults))
+        #: The merged options and the resolved config of each declared actor.
+        self._actors: dict[str, tuple[dict[str, Any], LockConfig | None]] = {}
+
+    def declare(self, actor: Actor[Any, Any]) -> dict[str, Any]:
+        """Resolve and remember the options of ``actor``, and return them merged with the defaults.
+
+        Raises:
+          InvalidLockOptions: If they are not valid.
+        """
+        options = {**self.defaults, **{k: v for k, v in actor.options.items() if k in DEFAULTS}}
+        config = resolve(f"Actor {actor.actor_name!r}", options)
+        self._actors[actor.actor_name] = (options, config)
+        return options
+
+    def for_actor(self, actor_name: str) -> LockConfig | None:
+        """The resolved lock options of an actor; ``None`` when it has no lock."""
+        return self._actors.get(actor_name, self._default)[1]
+
+    def for_message(self, message: AnyMessage) -> LockConfig | None:
+        """The lock options of ``message``: its actor's, overridden by its own.
+
+        Raises:
+          InvalidLockOptions: If the message's own options are not valid.
+        """
+        options, config = self._actors.get(message.actor_name, self._default)
+        message_options = message.options
+        if MESSAGE_OPTIONS.isdisjoint(message_options):  # nearly always: no per-message lock options
+            return config
+        overrides = {name: message_options[name] for name in MESSAGE_OPTIONS if name in message_options}
+        subject = f"Actor {message.actor_name!r} (options of message {message.message_id!r})"
+        overridden = resolve(subject, {**options, **overrides})
+        # Every message of a replacing actor records when it starts, so that a
+        # running holder is never replaced: replace is all or nothing per actor.
+        if overridden and config and overridden.client_strategy is not config.client_strategy:
+            if config.client_strategy.replaces_queued_holders or overridden.client_strategy.replaces_queued_holders:
+                raise InvalidLockOptions(
+                    f"{subject} sets on_conflict={overrides['on_conflict']!r}: the client strategy 'replace' can only "
+                    "be chosen for a whole actor, in its options or the middleware's."
+                )
+        return overridden
 
 
 class MessageOptionsCheck:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
-from dramatiq import Message
+from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
+from dramatiq.common import q_name
+
+from .errors import EnqueueCancelled
 
 #: A message as sent (``Message``) or as a worker processes it (``MessageProxy``).
 AnyMessage = Message[Any] | MessageProxy
@@ -112,3 +115,18 @@ def record_outcome(message: AnyMessage, outcome: EnqueueOutcome) -> None:
     if outcome.reschedules:
         recorded["reschedules"] = outcome.reschedules
     message.options[OUTCOME_OPTION] = recorded
+
+
+def send_later(
+    broker: Broker, message: AnyMessage, *, digest: str, holder: str, reschedules: int, delay: int
+) -> NoReturn:
+    """Send ``message`` again in ``delay`` ms instead of now, recorded as
+    rescheduled: it passes ``before_enqueue`` on its way to the delay queue
+    and tries its lock again when it is due.
+
+    Raises:
+      EnqueueCancelled: Always, with the message sent to the delay queue.
+    """
+    record_outcome(message, EnqueueOutcome(status=RESCHEDULED, digest=digest, holder=holder, reschedules=reschedules))
+    rescheduled = broker.enqueue(message.copy(queue_name=q_name(message.queue_name)), delay=delay)
+    raise EnqueueCancelled("The message was rescheduled.", rescheduled)

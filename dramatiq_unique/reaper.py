@@ -44,8 +44,6 @@ from .keys import RUN, digest_of
 from .liveness import registry_key
 from .locks import LOCK_TYPES
 
-#: The default interval between two reaper runs, in milliseconds.
-DEFAULT_REAPER_INTERVAL = 600_000
 #: About how many keys one pass inspects.
 DEFAULT_BATCH = 500
 #: An enqueue lock younger than this (ms) is never reaped: its message may be on its way to the broker.

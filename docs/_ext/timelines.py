@@ -32,6 +32,7 @@ from dramatiq.middleware import TimeLimit
 from dramatiq_unique import LockBackend, Locks, StubBackend, UniqueJobs
 from dramatiq_unique.lock import MessageLock
 from dramatiq_unique.locks import LOCK_TYPES, LockType
+from dramatiq_unique.worker import WorkerSide
 
 #: The lock kinds, as ``LockInfo.kind`` names them, and the lane each is drawn in.
 LANES = (("enqueue", "enqueue lock"), ("run", "run lock"))
@@ -286,8 +287,9 @@ def setup(app: Any) -> dict[str, Any]:
                     f"lock-timeline: {lock!r} is not a lock type; choose one of {', '.join(sorted(LOCK_TYPES))}."
                 )
             phases = observed(lock)
-            # The picture depends on the lock classes: rebuild the page when they change.
-            for source in (type(LOCK_TYPES[lock]), LockType, MessageLock):
+            # The picture depends on the lock classes and the worker side that reads their facts:
+            # rebuild the page when they change.
+            for source in (type(LOCK_TYPES[lock]), LockType, MessageLock, WorkerSide):
                 self.env.note_dependency(inspect.getfile(source))
             figure = nodes.container(classes=["lock-timeline"])
             figure += nodes.raw("", render_svg(lock, phases), format="html")

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
-
-if TYPE_CHECKING:
-    from ..backends import Acquisition
-    from ..lock import MessageLock
+from typing import ClassVar
 
 
 class LockType:
-    """When a lock type takes its locks and when it gives them up.
+    """When a lock type takes its locks and when it gives them up, as facts.
 
     A lock type with ``locks_at_enqueue`` takes the enqueue lock in
     ``before_enqueue``; Dramatiq's own re-enqueues of the message (retries,
-    delay-queue moves) re-enter that lock. In the worker, :meth:`start` runs
-    before the actor and :meth:`end` once the message leaves the worker.
+    delay-queue moves) re-enter that lock. In the worker, before the actor
+    runs, a type that ``takes_run_lock`` takes the run lock (giving the
+    enqueue lock up in the same step if it has one); otherwise the enqueue
+    lock is kept if ``holds_enqueue_lock_while_running``, else given up. When
+    the message leaves the worker, the run lock is given up, and the enqueue
+    lock too unless the lock ``outlives_message`` or Dramatiq enqueued the
+    message again meanwhile (a retry), whose copy keeps it.
     """
 
     #: The name used in ``@dramatiq.actor(lock=...)``.
@@ -32,23 +33,3 @@ class LockType:
     outlives_message: ClassVar[bool] = False
     #: Whether the lock type needs ``lock_ttl`` to mean anything.
     requires_ttl: ClassVar[bool] = False
-
-    def start(self, lock: MessageLock) -> Acquisition | None:
-        """Called in the worker before the actor runs.
-
-        Returns:
-          Acquisition: A failed acquisition when the message must not run now
-          (its conflict strategy decides what becomes of it), else ``None``.
-        """
-        return None
-
-    def end(self, lock: MessageLock, *, requeued: bool) -> None:
-        """Called when the message leaves the worker: it ran, raised, or was skipped.
-
-        Parameters:
-          requeued(bool): Whether Dramatiq enqueued the message again meanwhile
-            (a retry), in which case that copy keeps the enqueue lock.
-        """
-        lock.release_run()
-        if not requeued:
-            lock.release_enqueue(background=True)

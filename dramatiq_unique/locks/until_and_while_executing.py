@@ -1,12 +1,6 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .base import LockType
-
-if TYPE_CHECKING:
-    from ..backends import Acquisition
-    from ..lock import MessageLock
 
 
 class UntilAndWhileExecuting(LockType):
@@ -20,6 +14,3 @@ class UntilAndWhileExecuting(LockType):
     name = "until_and_while_executing"
     code = "a"
     takes_run_lock = True
-
-    def start(self, lock: MessageLock) -> Acquisition | None:
-        return lock.swap_enqueue_for_run()

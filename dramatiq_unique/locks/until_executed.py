@@ -1,12 +1,6 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .base import LockType
-
-if TYPE_CHECKING:
-    from ..backends import Acquisition
-    from ..lock import MessageLock
 
 
 class UntilExecuted(LockType):
@@ -19,7 +13,3 @@ class UntilExecuted(LockType):
     name = "until_executed"
     code = "e"
     holds_enqueue_lock_while_running = True
-
-    def start(self, lock: MessageLock) -> Acquisition | None:
-        lock.start_holding_enqueue()
-        return None

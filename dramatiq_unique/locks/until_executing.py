@@ -1,12 +1,6 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .base import LockType
-
-if TYPE_CHECKING:
-    from ..backends import Acquisition
-    from ..lock import MessageLock
 
 
 class UntilExecuting(LockType):
@@ -18,7 +12,3 @@ class UntilExecuting(LockType):
 
     name = "until_executing"
     code = "s"
-
-    def start(self, lock: MessageLock) -> Acquisition | None:
-        lock.start_releasing_enqueue()
-        return None

@@ -1,12 +1,6 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .base import LockType
-
-if TYPE_CHECKING:
-    from ..backends import Acquisition
-    from ..lock import MessageLock
 
 
 class WhileExecuting(LockType):
@@ -19,6 +13,3 @@ class WhileExecuting(LockType):
     code = "w"
     takes_run_lock = True
     locks_at_enqueue = False
-
-    def start(self, lock: MessageLock) -> Acquisition | None:
-        return lock.acquire_run()

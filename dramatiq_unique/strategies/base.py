@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from dramatiq import Broker
 
 from ..outcome import AnyMessage
-
-if TYPE_CHECKING:
-    from ..lock import MessageLock
 
 #: A conflict found in ``before_enqueue``, in the process that sends.
 CLIENT = "client"
@@ -19,31 +17,37 @@ CLIENT = "client"
 SERVER = "server"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Conflict:
     """A message that could not take its lock because other messages hold it.
 
     Parameters:
       broker(dramatiq.Broker): The broker the message goes through.
       message(dramatiq.Message): The duplicate.
-      lock(MessageLock): The duplicate's locks, to give up or keep.
+      digest(str): The lock's digest.
       holders(tuple[str]): The message_ids holding the lock.
       side(str): ``"client"`` or ``"server"``.
       logger(logging.Logger): The middleware's logger.
       delay(int): The delay the duplicate was sent with, in milliseconds, if any.
+      reschedule_delay(int): The duplicate's ``reschedule_delay``, in milliseconds.
+      max_reschedules(int): The duplicate's ``max_reschedules``; ``None`` for no limit.
+      emit(collections.abc.Callable): Called with an event kind and its fields
+        (``holders``, ``delay``, ``reason``) to tell the lock's event subscribers.
+      release_enqueue_lock(collections.abc.Callable): Gives up the enqueue lock the
+        duplicate holds, if any: in the worker, before it leaves for good.
     """
 
     broker: Broker
     message: AnyMessage
-    lock: MessageLock
+    digest: str
     holders: tuple[str, ...]
     side: str
     logger: logging.Logger
     delay: int | None = None
-
-    @property
-    def digest(self) -> str:
-        return self.lock.digest
+    reschedule_delay: int
+    max_reschedules: int | None
+    emit: Callable[..., None]
+    release_enqueue_lock: Callable[[], None]
 
     def log(self, level: int, outcome: str, strategy: str) -> None:
         """Log the one line that says what became of the duplicate, and why."""

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import logging
 
-from dramatiq.broker import MessageProxy
 from dramatiq.middleware import SkipMessage
 
 from ..events import REJECTED as REJECTED_EVENT
@@ -30,7 +29,7 @@ class Reject(ConflictStrategy):
         conflict.log(logging.WARNING, "goes to the dead-letter queue", self.name)
         # The dead-letter queue keeps the payload as it was enqueued, so the
         # mark can only reach it on a copy that goes round once more.
-        conflict.lock.release_enqueue()
+        conflict.release_enqueue_lock()
         rejected = message.copy()
         mark_rejected(rejected, conflict, "lock held at start")
         conflict.broker.enqueue(rejected)
@@ -41,7 +40,7 @@ class Reject(ConflictStrategy):
 
 
 def mark_rejected(message: AnyMessage, conflict: Conflict, reason: str) -> None:
-    conflict.lock.emit(REJECTED_EVENT, holders=conflict.holders, reason=reason)
+    conflict.emit(REJECTED_EVENT, holders=conflict.holders, reason=reason)
     record_outcome(
         message,
         EnqueueOutcome(
@@ -52,16 +51,3 @@ def mark_rejected(message: AnyMessage, conflict: Conflict, reason: str) -> None:
             reason=f"{reason} by message {conflict.holders[0]}",
         ),
     )
-
-
-def dead_letter_if_rejected(message: MessageProxy, logger: logging.Logger, outcome: EnqueueOutcome) -> None:
-    """In the worker: a message marked rejected (its ``outcome``) goes to the dead-letter queue unrun."""
-    if outcome.status == REJECTED:
-        logger.info(
-            "Message %r of actor %r is dead-lettered without running: %s.",
-            message.message_id,
-            message.actor_name,
-            outcome.reason,
-        )
-        message.fail()
-        raise SkipMessage("The message was rejected as a duplicate.")

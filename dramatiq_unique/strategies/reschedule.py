@@ -2,32 +2,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import NoReturn
 
-from dramatiq import Broker
-from dramatiq.common import q_name
 from dramatiq.middleware import SkipMessage
 
-from ..errors import EnqueueCancelled
 from ..events import RESCHEDULED as RESCHEDULED_EVENT
-from ..outcome import RESCHEDULED, AnyMessage, EnqueueOutcome, enqueue_outcome, record_outcome
+from ..outcome import enqueue_outcome, record_outcome, send_later
 from .base import Conflict, ConflictStrategy
 from .reject import Reject
-
-
-def send_later(
-    broker: Broker, message: AnyMessage, *, digest: str, holder: str, reschedules: int, delay: int
-) -> NoReturn:
-    """Send ``message`` again in ``delay`` ms instead of now, recorded as
-    rescheduled: it passes ``before_enqueue`` on its way to the delay queue
-    and tries its lock again when it is due.
-
-    Raises:
-      EnqueueCancelled: Always, with the message sent to the delay queue.
-    """
-    record_outcome(message, EnqueueOutcome(status=RESCHEDULED, digest=digest, holder=holder, reschedules=reschedules))
-    rescheduled = broker.enqueue(message.copy(queue_name=q_name(message.queue_name)), delay=delay)
-    raise EnqueueCancelled("The message was rescheduled.", rescheduled)
 
 
 class Reschedule(ConflictStrategy):
@@ -40,13 +21,13 @@ class Reschedule(ConflictStrategy):
     name = "reschedule"
 
     def on_client_conflict(self, conflict: Conflict) -> None:
-        message, config = conflict.message, conflict.lock.config
+        message = conflict.message
         reschedules = enqueue_outcome(message).reschedules + 1
         if self._exhausted(conflict, reschedules):
             return Reject().on_client_conflict(conflict)
-        delay = max(conflict.delay or 0, config.reschedule_delay)
+        delay = max(conflict.delay or 0, conflict.reschedule_delay)
         self._log(conflict, reschedules, delay)
-        conflict.lock.emit(RESCHEDULED_EVENT, holders=conflict.holders, delay=delay)
+        conflict.emit(RESCHEDULED_EVENT, holders=conflict.holders, delay=delay)
         send_later(
             conflict.broker,
             message,
@@ -57,17 +38,17 @@ class Reschedule(ConflictStrategy):
         )
 
     def on_server_conflict(self, conflict: Conflict) -> None:
-        message, config = conflict.message, conflict.lock.config
+        message, delay = conflict.message, conflict.reschedule_delay
         outcome = enqueue_outcome(message)
         reschedules = outcome.reschedules + 1
         if self._exhausted(conflict, reschedules):
             return Reject().on_server_conflict(conflict)
-        self._log(conflict, reschedules, config.reschedule_delay)
-        conflict.lock.emit(RESCHEDULED_EVENT, holders=conflict.holders, delay=config.reschedule_delay)
+        self._log(conflict, reschedules, delay)
+        conflict.emit(RESCHEDULED_EVENT, holders=conflict.holders, delay=delay)
         # The copy keeps the message_id, so it keeps the enqueue lock the message holds.
         again = message.copy()
         record_outcome(again, dataclasses.replace(outcome, reschedules=reschedules))
-        conflict.broker.enqueue(again, delay=config.reschedule_delay)
+        conflict.broker.enqueue(again, delay=delay)
         raise SkipMessage("The message was rescheduled.")
 
     def _log(self, conflict: Conflict, reschedules: int, delay: int) -> None:
@@ -75,7 +56,7 @@ class Reschedule(ConflictStrategy):
 
     @staticmethod
     def _exhausted(conflict: Conflict, reschedules: int) -> bool:
-        limit = conflict.lock.config.max_reschedules
+        limit = conflict.max_reschedules
         if limit is None or reschedules <= limit:
             return False
         conflict.logger.warning(

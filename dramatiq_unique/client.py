@@ -1,0 +1,299 @@
+"""The client side: every enqueue passes here, a new send, a re-enqueue or Dramatiq's own.
+
+A new send takes the enqueue lock, or meets a conflict that its strategy
+resolves; Dramatiq re-enqueuing a message that took its lock before (a retry,
+a reschedule, a due delayed message) re-enters that lock; where Dramatiq
+itself enqueues a new message (a pipeline's next step, a callback), nobody
+could see an error, so a message that cannot take its lock tries again later.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, NoReturn, cast
+
+from dramatiq import Broker, Message
+from dramatiq.broker import MessageProxy
+
+from .conflicts import TRY_AGAIN, conflict_of, strategy_for
+from .errors import EnqueueCancelled, LockArgumentsError, LockBackendError
+from .events import BACKEND_ERROR, CONFLICT
+from .events import RESCHEDULED as RESCHEDULED_EVENT
+from .lock import LockFactory, MessageLock
+from .options import ActorConfigs, LockConfig, MessageOptionsCheck
+from .outage import Outage
+from .outcome import (
+    DUPLICATE,
+    ENQUEUED,
+    REJECTED,
+    RESCHEDULED,
+    UNLOCKED,
+    EnqueueOutcome,
+    enqueue_outcome,
+    has_followers,
+    record_outcome,
+    send_later,
+)
+from .strategies import CLIENT
+
+#: The options of Dramatiq's Callbacks and Retries that name an actor sent when a message ends.
+_CALLBACK_OPTIONS = ("on_success", "on_failure", "on_retry_exhausted")
+
+
+class _Thread(threading.local):
+    """What the client side knows about the thread that enqueues."""
+
+    #: The MessageLock whose enqueue lock the enqueue under way has just taken.
+    taken: MessageLock | None = None
+    #: Whether this is a consumer thread: it enqueues only to move due delayed messages to their queues.
+    consumer = False
+
+
+class ClientSide:
+    """The ``broker.enqueue`` guard and ``before_enqueue``.
+
+    Parameters:
+      configs(ActorConfigs): The lock options of actors and messages.
+      locks(LockFactory): Builds a message's locks.
+      outage(Outage): What a backend failure does.
+      processed(collections.abc.Callable): The worker side's answer to which
+        message this thread processes, and its locks (``None``, ``None`` outside a worker thread).
+      logger(logging.Logger): The middleware's logger.
+    """
+
+    def __init__(
+        self,
+        *,
+        configs: ActorConfigs,
+        locks: LockFactory,
+        outage: Outage,
+        processed: Callable[[], tuple[MessageProxy | None, MessageLock | None]],
+        logger: logging.Logger,
+    ):
+        self.configs = configs
+        self.lock_for = locks.build
+        self.outage = outage
+        self.processed = processed
+        self.logger = logger
+        self._check_message_options = MessageOptionsCheck(logger)
+        self._guarded_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
+        self._thread = _Thread()
+
+    # What the thread does ------------------------------------------------------
+
+    def consumer_thread(self) -> None:
+        """This thread is one of a worker's consumer threads."""
+        self._thread.consumer = True
+
+    # The broker.enqueue guard ----------------------------------------------------
+
+    def guard(self, broker: Broker) -> bool:
+        """Wrap the broker's ``enqueue`` so that a duplicate dropped in
+        ``before_enqueue`` makes ``send()`` return normally, and an
+        enqueue that fails after its lock was taken gives the lock up.
+
+        Dramatiq offers no other way: ``before_enqueue`` can only stop an
+        enqueue by raising through ``send()`` (dramatiq#276).
+
+        Returns:
+          bool: Whether the broker was not guarded before.
+        """
+        if broker in self._guarded_brokers:
+            return False
+        self._guarded_brokers.add(broker)
+        enqueue = broker.enqueue
+
+        def guarded_enqueue(message: Message[Any], *, delay: int | None = None) -> Message[Any]:
+            thread = self._thread
+            outer, thread.taken = thread.taken, None
+            try:
+                return enqueue(message, delay=delay)
+            except EnqueueCancelled as e:
+                # Raised in before_enqueue, so about a message being sent, never a worker's proxy.
+                return cast("Message[Any]", e.message)
+            except BaseException:
+                taken = thread.taken
+                if taken is not None:
+                    self.outage.release(MessageLock.release_enqueue, taken, "after its enqueue failed")
+                raise
+            finally:
+                thread.taken = outer
+
+        broker.enqueue = guarded_enqueue  # type: ignore[method-assign]
+        return True
+
+    # before_enqueue ----------------------------------------------------------------
+
+    def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        """Sort the enqueue of ``message`` and take, re-enter or pass its lock.
+
+        Raises:
+          EnqueueCancelled: The message is not enqueued; ``send()`` returns it.
+          UniqueError: ``send()`` raises it.
+        """
+        self._check_message_options(broker, message)
+        config = self.configs.for_message(message)
+        if config is None:
+            return
+        outcome = enqueue_outcome(message)
+        if self._passes_unlocked(outcome, delay):
+            return
+        if self._is_reenqueue(message, outcome):
+            if config.lock.locks_at_enqueue:
+                self._reenter(message, config, delay)
+            return
+        self._send(broker, message, config, outcome, delay)
+
+    def _send(
+        self, broker: Broker, message: Message[Any], config: LockConfig, outcome: EnqueueOutcome, delay: int | None
+    ) -> None:
+        # Dramatiq's own enqueues (_is_internal_enqueue, asked only on the paths that could
+        # raise) have no caller to raise to: an exception would wedge a consumer or stop a
+        # pipeline.
+        try:
+            lock = self.lock_for(message, config, outcome)
+        except LockArgumentsError as e:
+            if not self._is_internal_enqueue(broker, message):
+                # Bad lock arguments fail the send for every lock type.
+                raise LockArgumentsError(f"{e} The message was not enqueued and no lock was taken.") from e.__cause__
+            self.logger.error(
+                "Message %r of actor %r is enqueued without a lock: %s", message.message_id, message.actor_name, e
+            )
+            return
+        if not config.lock.locks_at_enqueue:
+            lock.record_enqueued()
+            return
+        try:
+            acquisition = lock.acquire_enqueue(delay)
+        except LockBackendError as e:
+            lock.emit(BACKEND_ERROR, reason="acquisition at enqueue", error=e)
+            # The script may have run and only its answer been lost: give the place back.
+            lock.forget_enqueue_after_failure()
+            if not self.outage.allows and self._is_internal_enqueue(broker, message):
+                self._try_again_later(broker, lock, delay, f"the lock backend failed ({e})")
+            self.outage.failed(message, "enqueued", e)  # raises, unless on_backend_error="allow"
+            lock.record_enqueued(status=UNLOCKED)
+            return
+        if acquisition.acquired:
+            self._thread.taken = lock
+            return
+        self._conflict(broker, message, lock, acquisition.holders, delay)
+
+    def _conflict(
+        self, broker: Broker, message: Message[Any], lock: MessageLock, holders: tuple[str, ...], delay: int | None
+    ) -> None:
+        conflict = conflict_of(lock, broker=broker, holders=holders, side=CLIENT, delay=delay)
+        strategy = strategy_for(message, lock.config.client_strategy)
+        internal = self._is_internal_enqueue(broker, message)
+        if internal and strategy.fails_send:
+            strategy = TRY_AGAIN
+        lock.emit(CONFLICT, side=CLIENT, strategy=strategy.name, holders=holders)
+        try:
+            strategy.on_client_conflict(conflict)
+        except EnqueueCancelled:
+            raise
+        except Exception as e:
+            if not internal:
+                raise
+            self._try_again_later(broker, lock, delay, f"its conflict strategy {strategy.name!r} raised {e!r}")
+
+    # Sorting an enqueue --------------------------------------------------------------
+
+    @staticmethod
+    def _passes_unlocked(outcome: EnqueueOutcome, delay: int | None) -> bool:
+        """A rejected message goes to its dead-letter queue holding no lock; a
+        rescheduled one holds none on its way to the delay queue."""
+        return outcome.status == REJECTED or (outcome.status == RESCHEDULED and delay is not None)
+
+    def _is_reenqueue(self, message: Message[Any], outcome: EnqueueOutcome) -> bool:
+        """Whether this is Dramatiq enqueuing a message again that took its
+        lock before: a retry, or a reschedule, from the worker
+        thread processing it; a due delayed message moved by a consumer; a
+        publish retried by the broker. Anything else is a new send, also
+        a dead-lettered message enqueued again by hand."""
+        thread, message_id = self._thread, message.message_id
+        for lock in (self.processed()[1], thread.taken):
+            if lock is not None and lock.message.message_id == message_id:
+                return True
+        return thread.consumer and outcome.status == ENQUEUED and bool(outcome.digest) and outcome.holder == message_id
+
+    def _is_internal_enqueue(self, broker: Broker, message: Message[Any]) -> bool:
+        """Whether Dramatiq itself enqueues this new message: a consumer moving
+        a due delayed message, or a worker enqueuing a pipeline's next step, a
+        group's completion callback, or an ``on_success``, ``on_failure`` or
+        ``on_retry_exhausted`` callback of the message it processed."""
+        if self._thread.consumer:
+            return True
+        processed = self.processed()[0]
+        if processed is None:
+            return False
+        options = processed.options
+        followers = [options.get("pipe_target") or {}, *(options.get("group_completion_callbacks") or ())]
+        if any(follower.get("message_id") == message.message_id for follower in followers):
+            return True
+        actor_options = broker.actors[processed.actor_name].options if processed.actor_name in broker.actors else {}
+        return any((options.get(name) or actor_options.get(name)) == message.actor_name for name in _CALLBACK_OPTIONS)
+
+    # Re-entry and trying again ----------------------------------------------------------
+
+    def _reenter(self, message: Message[Any], config: LockConfig, delay: int | None) -> None:
+        # Never raises, but to drop a stale retry: an exception here would lose a retry or wedge a consumer.
+        lock: MessageLock | None = None
+        try:
+            lock = self.lock_for(message, config)
+            # A re-enqueue never takes another message's place.
+            acquisition = lock.acquire_enqueue(delay, may_replace=False)
+        except Exception as e:
+            if lock is not None and isinstance(e, LockBackendError):
+                lock.emit(BACKEND_ERROR, reason="acquisition at enqueue", error=e)
+            self.logger.warning(
+                "Message %r of actor %r is enqueued again without its lock: %s",
+                message.message_id,
+                message.actor_name,
+                e,
+                exc_info=self.logger.isEnabledFor(logging.DEBUG),
+            )
+            return
+        if acquisition.acquired:
+            return
+        holders = ", ".join(map(repr, acquisition.holders))
+        if config.client_strategy.replaces_queued_holders and not has_followers(message):
+            # The newest message runs: an older one coming back from a retry gives way to it.
+            self.logger.info(
+                "Message %r of actor %r is not enqueued again: newer message %s took its lock %r (strategy 'replace').",
+                message.message_id,
+                message.actor_name,
+                holders,
+                lock.digest,
+            )
+            lock.emit(CONFLICT, side=CLIENT, strategy=config.client_strategy.name, holders=acquisition.holders)
+            record_outcome(message, EnqueueOutcome(status=DUPLICATE, digest=lock.digest, holder=acquisition.holders[0]))
+            raise EnqueueCancelled("A newer message holds the lock.", message)
+        self.logger.warning(
+            "Message %r of actor %r is enqueued again although its lock %r is now held by message %s: "
+            "Dramatiq's own re-enqueues are never blocked.",
+            message.message_id,
+            message.actor_name,
+            lock.digest,
+            holders,
+        )
+
+    def _try_again_later(self, broker: Broker, lock: MessageLock, delay: int | None, reason: str) -> NoReturn:
+        """Enqueue a message that Dramatiq itself enqueues, and that could not
+        take its lock, again after ``reschedule_delay``: it tries again then."""
+        message, wait = lock.message, max(delay or 0, lock.config.reschedule_delay)
+        self.logger.warning(
+            "Message %r of actor %r could not take its lock %r because %s; it tries again in %d ms.",
+            message.message_id,
+            message.actor_name,
+            lock.digest,
+            reason,
+            wait,
+        )
+        lock.emit(RESCHEDULED_EVENT, delay=wait, reason=reason)
+        # Not counted against max_reschedules: it met no holder.
+        reschedules = enqueue_outcome(message).reschedules
+        send_later(broker, message, digest=lock.digest, holder=message.message_id, reschedules=reschedules, delay=wait)

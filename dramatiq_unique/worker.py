@@ -1,0 +1,165 @@
+"""The worker side: a message's locks when it starts and when it leaves the worker.
+
+What a message does with its locks at each step follows from its lock
+type's facts (see :class:`~dramatiq_unique.locks.LockType`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, NoReturn
+
+from dramatiq import Broker, Message
+from dramatiq.broker import MessageProxy
+from dramatiq.middleware import SkipMessage
+
+from .backends import Acquisition
+from .conflicts import TRY_AGAIN, conflict_of, strategy_for
+from .current import _set_current_lock
+from .errors import LockBackendError
+from .events import BACKEND_ERROR, CONFLICT
+from .lock import LockFactory, MessageLock
+from .options import ActorConfigs
+from .outage import Outage
+from .outcome import REJECTED, EnqueueOutcome, enqueue_outcome
+from .strategies import SERVER
+
+
+class _Thread(threading.local):
+    """What the worker side knows about the worker thread."""
+
+    #: The message this thread processes, locked or not.
+    message: MessageProxy | None = None
+    #: Its locks, once they are built.
+    processing: MessageLock | None = None
+
+
+class WorkerSide:
+    """``before_process_message`` and the end of a message in the worker.
+
+    Parameters:
+      configs(ActorConfigs): The lock options of actors and messages.
+      locks(LockFactory): Builds a message's locks.
+      outage(Outage): What a backend failure does.
+      logger(logging.Logger): The middleware's logger.
+    """
+
+    def __init__(self, *, configs: ActorConfigs, locks: LockFactory, outage: Outage, logger: logging.Logger):
+        self.configs = configs
+        self.lock_for = locks.build
+        self.outage = outage
+        self.logger = logger
+        self._thread = _Thread()
+
+    def processed(self) -> tuple[MessageProxy | None, MessageLock | None]:
+        """The message this thread processes, if it is a worker thread, and
+        its locks once they are built: the client side asks, to tell
+        Dramatiq's own enqueues from new sends."""
+        thread = self._thread
+        return thread.message, thread.processing
+
+    def start(self, broker: Broker, message: MessageProxy) -> None:
+        """Take what the message's lock type holds while it runs, before its actor runs.
+
+        Raises:
+          SkipMessage: The message must not run: rejected, replaced, or a duplicate.
+          UniqueError: Its conflict strategy or the outage policy stops it.
+        """
+        thread = self._thread
+        thread.processing = None
+        # Every message, locked or not: its pipeline's next step is enqueued from here.
+        thread.message = message
+        config = self.configs.for_message(message)
+        if config is None:
+            return
+        outcome = enqueue_outcome(message)
+        if outcome.status == REJECTED:
+            self._dead_letter(message, outcome)
+        lock = self.lock_for(message, config, outcome)
+        thread.processing = lock
+        try:
+            acquisition = self._take(lock)
+        except LockBackendError as e:
+            lock.emit(BACKEND_ERROR, reason="start", error=e)
+            self.outage.failed(message, "run", e)  # raises, unless on_backend_error="allow"
+            acquisition = None
+        if lock.superseded:
+            self.logger.info(
+                "Message %r of actor %r is skipped: a newer message took its place in lock %r (strategy 'replace').",
+                message.message_id,
+                message.actor_name,
+                lock.digest,
+            )
+            raise SkipMessage("A newer message replaced this one.")
+        if acquisition is not None and not acquisition.acquired:
+            self._conflict(broker, lock, acquisition.holders)
+        _set_current_lock(lock.held())
+
+    def enqueued(self, message: Message[Any]) -> None:
+        """Dramatiq enqueued ``message``: if this thread processes it (a retry), that copy keeps its enqueue lock."""
+        processing = self._thread.processing
+        if processing is not None and processing.message.message_id == message.message_id:
+            processing.requeued = True
+
+    def finish(self, message: MessageProxy) -> None:
+        """The message leaves the worker: it ran, raised, or was skipped. Give up what it no longer holds."""
+        _set_current_lock(None)
+        thread = self._thread
+        thread.message = None
+        lock, thread.processing = thread.processing, None
+        if lock is None or lock.message.message_id != message.message_id:
+            # An earlier middleware skipped the message before we saw it
+            # (AgeLimit): it gives up the enqueue lock it recorded, if any.
+            config = self.configs.for_message(message)
+            if config is None or not enqueue_outcome(message).digest:
+                return
+            lock = self.lock_for(message, config)
+        self.outage.release(self._give_up, lock, "after it was processed")
+
+    @staticmethod
+    def _take(lock: MessageLock) -> Acquisition | None:
+        """Take or keep the locks the message holds while it runs.
+
+        Returns:
+          Acquisition: A failed acquisition of the run lock when the message
+          must not run now (its conflict strategy decides what becomes of it).
+        """
+        lock_type = lock.config.lock
+        if lock_type.takes_run_lock:
+            return lock.swap_enqueue_for_run() if lock_type.locks_at_enqueue else lock.acquire_run()
+        if lock_type.holds_enqueue_lock_while_running:
+            lock.start_holding_enqueue()
+        else:
+            lock.start_releasing_enqueue()
+        return None
+
+    @staticmethod
+    def _give_up(lock: MessageLock) -> None:
+        lock.release_run()
+        # A copy that Dramatiq enqueued again meanwhile (a retry) keeps the enqueue lock.
+        if not lock.requeued and not lock.config.lock.outlives_message:
+            lock.release_enqueue(background=True)
+
+    def _conflict(self, broker: Broker, lock: MessageLock, holders: tuple[str, ...]) -> None:
+        message = lock.message
+        conflict = conflict_of(lock, broker=broker, holders=holders, side=SERVER)
+        strategy = strategy_for(message, lock.config.server_strategy)
+        if message.message_id in holders:
+            # A redelivery met the run lock of its own earlier attempt, whose worker died or
+            # which the broker gave up on: it is no duplicate to drop, so it tries again
+            # once that attempt has finished or its lease has run out.
+            strategy = TRY_AGAIN
+        lock.emit(CONFLICT, side=SERVER, strategy=strategy.name, holders=holders)
+        strategy.on_server_conflict(conflict)
+
+    def _dead_letter(self, message: MessageProxy, outcome: EnqueueOutcome) -> NoReturn:
+        """A message marked rejected (its ``outcome``) goes to the dead-letter queue unrun."""
+        self.logger.info(
+            "Message %r of actor %r is dead-lettered without running: %s.",
+            message.message_id,
+            message.actor_name,
+            outcome.reason,
+        )
+        message.fail()
+        raise SkipMessage("The message was rejected as a duplicate.")
