@@ -14,14 +14,14 @@ from dramatiq.broker import MessageProxy
 from dramatiq.logging import get_logger
 from dramatiq.middleware import Retries, SkipMessage
 
-from .activity import ActivityCounter
 from .backends import LockBackend
 from .crash import ALLOW, RAISE, CrashSafety, check_crash_options
 from .current import _set_current_lock
 from .errors import EnqueueCancelled, InvalidLockOptions, LockArgumentsError, LockBackendError
 from .events import BACKEND_ERROR, CONFLICT, Events, Subscriber
 from .events import RESCHEDULED as RESCHEDULED_EVENT
-from .liveness import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_PERIOD, Liveness
+from .keys import reaper_schedule_key
+from .liveness import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_PERIOD
 from .lock import MessageLock
 from .metrics import PrometheusMetrics, check_metrics_option, warn_if_prometheus_follows
 from .options import (
@@ -45,8 +45,8 @@ from .outcome import (
     has_followers,
     record_outcome,
 )
-from .reaper import DEFAULT_REAPER_INTERVAL, Reaper
-from .releases import BackgroundReleases
+from .reaper import DEFAULT_REAPER_INTERVAL, Reaper, ReaperTrigger, declare_reaper_actor
+from .runtime import Runtime
 from .strategies import CLIENT, SERVER, Conflict, ConflictStrategy
 from .strategies.reject import dead_letter_if_rejected
 from .strategies.reschedule import Reschedule, send_later
@@ -155,45 +155,45 @@ class UniqueJobs(CrashSafety, Middleware):
         self.on_backend_error = on_backend_error
         #: The lock events of this middleware's messages, its heartbeat thread and its reaper.
         self.events = Events(logger=self.logger)
-        self.liveness = Liveness(
+        self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger, events=self.events)
+        if not isinstance(background_releases, bool):
+            raise InvalidLockOptions(
+                f"UniqueJobs has an invalid background_releases={background_releases!r}: it must be True or False."
+            )
+        self.metrics = None if metrics is False else PrometheusMetrics(None if metrics is True else metrics)
+        if self.metrics is not None:
+            self.events.subscribe(PrometheusMetrics.kinds, self.metrics)
+        self.reaper_enabled = reaper
+        self.reaper_interval = reaper_interval
+        self.reaper_queue = reaper_queue
+        self.reaper_actor: Actor[Any, Any] | None = None
+        periodic_tasks = []
+        if reaper and reaper_interval is not None:
+            trigger = ReaperTrigger(
+                backend,
+                schedule_key=reaper_schedule_key(lock_prefix),
+                interval=reaper_interval,
+                queue_name=reaper_queue,
+                actor=lambda: self.reaper_actor,
+            )
+            periodic_tasks.append(trigger)
+        #: The process's background work: its threads, and what they look after.
+        self.runtime = Runtime(
             backend,
             prefix=lock_prefix,
             lease_period=lease_period,
             heartbeat_interval=heartbeat_interval,
             logger=self.logger,
             events=self.events,
+            background_releases=background_releases,
+            activity=bool(activity),
+            periodic_tasks=periodic_tasks,
         )
-        self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger, events=self.events)
-        if not isinstance(background_releases, bool):
-            raise InvalidLockOptions(
-                f"UniqueJobs has an invalid background_releases={background_releases!r}: it must be True or False."
-            )
-        self.releases = (
-            BackgroundReleases(backend, logger=self.logger, retry=self.liveness.retry_release)
-            if background_releases
-            else None
-        )
-        self.metrics = None if metrics is False else PrometheusMetrics(None if metrics is True else metrics)
-        if self.metrics is not None:
-            self.events.subscribe(PrometheusMetrics.kinds, self.metrics)
-        self.activity = None
-        if activity:
-            self.activity = ActivityCounter(
-                backend,
-                prefix=lock_prefix,
-                clock=self.liveness.backend_time,
-                flushed_elsewhere=lambda: self.liveness.running,
-                interval=heartbeat_interval,
-                logger=self.logger,
-            )
-            self.events.add_counter(self.activity)
-            self.liveness.on_flush = self.activity.flush
-        self.reaper_enabled = reaper
-        self.reaper_interval = reaper_interval
-        self.reaper_queue = reaper_queue
-        self.reaper_actor: Actor[Any, Any] | None = None
-        if reaper and reaper_interval is not None:
-            self.liveness.on_tick = self._maybe_trigger_reaper
+        #: The parts of the runtime that each message's locks use.
+        self.liveness = self.runtime.liveness
+        self.releases = self.runtime.releases
+        #: The lock activity counter, ``None`` with ``activity=False``.
+        self.activity = self.runtime.activity
         self.defaults = {
             "lock": lock,
             "on_conflict": on_conflict,
@@ -318,7 +318,26 @@ class UniqueJobs(CrashSafety, Middleware):
         if self.metrics is not None:
             # In a worker process, after Dramatiq's Prometheus middleware chose where values go.
             self.metrics.setup()
-        super().before_worker_boot(broker, worker)
+        if self.reaper_enabled:
+            self.declare_reaper(broker)
+        # Before the consumers start: the worker is in the registry before it holds any run lock.
+        self.runtime.worker_booted(worker)
+
+    def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:
+        # After the worker threads finished their messages: the leases were renewed until then.
+        self.runtime.worker_stopped(worker)
+
+    def declare_reaper(self, broker: Broker) -> Actor[Any, Any]:
+        """Declare the orphan reaper actor on ``broker`` (once) and return it.
+
+        Send it yourself to run a reaper cycle, e.g. from a scheduler: it
+        accepts ``max_passes`` (``None``: until every lock was inspected) and
+        logs its report in one line. Only one runs at a time. With Dramatiq's
+        ``Results`` middleware on the broker, it also returns the report as a dict.
+        """
+        if self.reaper_actor is None:
+            self.reaper_actor = declare_reaper_actor(broker, self.reaper, queue_name=self.reaper_queue)
+        return self.reaper_actor
 
     def after_consumer_thread_boot(self, broker: Broker, thread: Any) -> None:
         # Consumer threads enqueue only to move due delayed messages to their queues.

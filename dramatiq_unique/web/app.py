@@ -20,7 +20,7 @@ from ..activity import read_activity
 from ..backends import LockBackend
 from ..errors import LockBackendError
 from ..events import EVENT_KINDS
-from ..liveness import registry_key
+from ..keys import registry_key
 from ..operations import QUEUED, STATES, HolderInfo, LockInfo, Locks, format_duration
 from ..options import DEFAULT_LOCK_PREFIX
 from ..reaper import locator_for
