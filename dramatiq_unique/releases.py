@@ -52,8 +52,8 @@ _Release = tuple[str, str, EventSubject]
 
 class BackgroundReleases:
     """The releases of finished messages' enqueue locks, and the loop that
-    sends them in batches: :meth:`serve`, the work of the release thread of
-    the :class:`~dramatiq_unique.runtime.Runtime`.
+    sends them in batches (``serve``), which the release thread of the
+    process runs.
 
     Parameters:
       backend(LockBackend): Where the locks are.
