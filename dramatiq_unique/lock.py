@@ -157,11 +157,7 @@ class MessageLock:
         """What the events of this message's locks are about, for the threads that tell them."""
         message = self.message
         return EventSubject(
-            actor_name=message.actor_name,
-            queue_name=q_name(message.queue_name),
-            digest=self.digest,
-            message_id=message.message_id,
-            lock=self.config.lock.name,
+            message.actor_name, q_name(message.queue_name), self.digest, message.message_id, self.config.lock.name
         )
 
     def held(self) -> HeldLock | None:
@@ -349,10 +345,13 @@ class MessageLock:
         """
         if self.holds_enqueue:
             self.holds_enqueue = False
+            releases = self.releases
+            # The subject is only built for a thread that runs to tell it.
             if (
                 background
-                and self.releases is not None
-                and self.releases.hand_over(self.enqueue_key, self.message.message_id, self.subject)
+                and releases is not None
+                and releases.running
+                and releases.hand_over(self.enqueue_key, self.message.message_id, self.subject)
             ):
                 return
             try:

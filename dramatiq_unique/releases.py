@@ -82,22 +82,21 @@ class BackgroundReleases:
         self._waiting: list[_Release] = []
         #: Key -> releases of it handed over and not answered yet.
         self._unsettled: dict[str, int] = {}
-        #: Set when the thread serving now is to stop once nothing waits; ``None`` while
-        #: no thread serves in this process.
-        self._stopping: threading.Event | None = None
+        #: The thread that serves now, and the event set when it is to stop once nothing
+        #: waits; ``None`` while no thread serves in this process.
+        self._serving: tuple[threading.Thread, threading.Event] | None = None
 
     @property
     def running(self) -> bool:
-        """Whether a thread serves, and takes releases."""
-        stopping = self._stopping
-        return stopping is not None and not stopping.is_set()
+        """Whether a thread of this process serves, and takes releases."""
+        serving = self._serving
+        return serving is not None and not serving[1].is_set() and serving[0].is_alive()
 
-    def open(self) -> threading.Event:
-        """Take releases from now on, for a thread that serves them until the
-        event returned is given to :meth:`close`."""
+    def open(self, thread: threading.Thread, stopping: threading.Event) -> None:
+        """Take releases from now on, for ``thread``, which serves them until
+        ``stopping`` is given to :meth:`close`."""
         with self._changed:
-            self._stopping = threading.Event()
-            return self._stopping
+            self._serving = (thread, stopping)
 
     def close(self, stopping: threading.Event) -> None:
         """Take no more releases: the thread serving until ``stopping`` sends
@@ -112,7 +111,7 @@ class BackgroundReleases:
         self._changed = threading.Condition(threading.Lock())
         self._waiting = []
         self._unsettled = {}
-        self._stopping = None
+        self._serving = None
 
     @property
     def idle(self) -> bool:
@@ -127,10 +126,12 @@ class BackgroundReleases:
           subject(EventSubject): What to tell of the release.
 
         Returns:
-          bool: False when no thread serves: the caller releases it itself.
+          bool: False when no thread serves (the caller asked :attr:`running`
+          before, and it stopped since): the caller releases it itself.
         """
         with self._changed:
-            if not self.running:
+            serving = self._serving
+            if serving is None or serving[1].is_set():
                 return False
             self._waiting.append((key, owner, subject))
             self._unsettled[key] = self._unsettled.get(key, 0) + 1

@@ -154,8 +154,10 @@ class Runtime:
             with self._mutex:
                 self._start_periodic()
                 if self.releases is not None and self._release_thread is None:
-                    stopping = self.releases.open()
-                    self._release_thread = _start(RELEASE_THREAD, self.releases.serve, stopping)
+                    thread, stopping = _thread(RELEASE_THREAD, self.releases.serve)
+                    self.releases.open(thread, stopping)
+                    thread.start()
+                    self._release_thread = (thread, stopping)
 
     def worker_stopped(self, worker: object) -> None:
         """Stop a worker's background work, if ``worker`` booted and is the last
@@ -167,7 +169,9 @@ class Runtime:
                 return
             releasing, self._release_thread = self._release_thread, None
         if releasing is not None and self.releases is not None:
-            # Not bounded: a warm shutdown sends every release before the worker is gone.
+            # The releases go first: the periodic thread, still running, keeps those that fail
+            # to try them again. Not bounded: a warm shutdown sends every release before the
+            # worker is gone.
             thread, stopping = releasing
             self.releases.close(stopping)
             thread.join()
@@ -206,7 +210,9 @@ class Runtime:
     def _start_periodic(self) -> None:
         """Start the periodic thread unless it runs (the caller holds the mutex)."""
         if self._periodic is None or not self._periodic[0].is_alive():
-            self._periodic = _start(PERIODIC_THREAD, self._run, threading.Event())
+            thread, stop = _thread(PERIODIC_THREAD, self._run)
+            thread.start()
+            self._periodic = (thread, stop)
 
     def _run(self, stop: threading.Event) -> None:
         interval = self.liveness.heartbeat_interval / 1000
@@ -282,10 +288,10 @@ class Runtime:
             self.activity.reset_after_fork()
 
 
-def _start(name: str, target: Callable[[threading.Event], None], stop: threading.Event) -> _Started:
-    thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)
-    thread.start()
-    return thread, stop
+def _thread(name: str, target: Callable[[threading.Event], None]) -> _Started:
+    """A daemon thread that runs ``target`` until the event, which it is given, is set."""
+    stop = threading.Event()
+    return threading.Thread(target=target, args=(stop,), name=name, daemon=True), stop
 
 
 def _reset_in_child(ref: weakref.ref[Runtime]) -> None:
