@@ -5,7 +5,9 @@ library in a worker process and one in a process that only sends."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -14,13 +16,17 @@ import warnings
 from pathlib import Path
 
 import pytest
+import redis
 from dramatiq import Worker
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
 
 import dramatiq_unique
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique import runtime as runtime_module
 
 from .support import Env, wait_for
+from .test_outages import server  # noqa: F401 (fixture)
 
 #: Short leases, so that a lease that is not renewed lapses within the test.
 LEASE = 300
@@ -137,6 +143,37 @@ def test_a_worker_in_a_forked_child_releases_its_finished_locks(redis_env, redis
     assert report == {"done": True, "released while running": True, "released after stop": True}
     again = settle.send("e1")
     assert enqueue_outcome(again).status == "enqueued", "the child's finished message still holds its lock"
+
+
+def test_the_last_worker_stops_while_its_heartbeat_waits_for_a_lock_backend_that_does_not_answer(
+    server,  # noqa: F811
+    monkeypatch,
+    caplog,
+):
+    # The last Worker's stop() joined the heartbeat thread without a bound: with the lock
+    # backend's redis-server stopped (not down: it accepts and never answers, and the client has
+    # no socket_timeout), the heartbeat waited for it, and so did the worker's shutdown, for ever.
+    monkeypatch.setattr(runtime_module, "MIN_STOP_WAIT", 200)
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=redis.Redis(port=server.port))
+    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=LEASE, heartbeat_interval=HEARTBEAT))
+    runs = env.run()
+    next(runs)
+    stopper = threading.Thread(target=env.worker().stop)
+    try:
+        server.proc.send_signal(signal.SIGSTOP)
+        time.sleep(2 * HEARTBEAT / 1000)  # a heartbeat waits for the server now
+        caplog.set_level(logging.ERROR, logger="dramatiq_unique")
+        stopper.start()
+        stopper.join(10)
+        assert not stopper.is_alive(), "the worker's stop() waits for the lock backend"
+        errors = [r.getMessage() for r in caplog.records if r.name.startswith("dramatiq_unique")]
+        assert len(errors) == 1 and "still waiting for the lock backend" in errors[0]
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        stopper.join(10)
+        next(runs, None)
 
 
 #: A process that sends, and then either stops (a sender) or boots two Workers at once, stops
