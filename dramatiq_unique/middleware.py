@@ -167,16 +167,17 @@ class UniqueJobs(CrashSafety, Middleware):
         self.reaper_interval = reaper_interval
         self.reaper_queue = reaper_queue
         self.reaper_actor: Actor[Any, Any] | None = None
-        periodic_tasks = []
+        periodic_tasks: list[Callable[[int], None]] = []
         if reaper and reaper_interval is not None:
-            trigger = ReaperTrigger(
-                backend,
-                schedule_key=reaper_schedule_key(lock_prefix),
-                interval=reaper_interval,
-                queue_name=reaper_queue,
-                actor=lambda: self.reaper_actor,
+            periodic_tasks.append(
+                ReaperTrigger(
+                    backend,
+                    schedule_key=reaper_schedule_key(lock_prefix),
+                    interval=reaper_interval,
+                    queue_name=reaper_queue,
+                    actor=lambda: self.reaper_actor,
+                )
             )
-            periodic_tasks.append(trigger)
         #: The process's background work: its threads, and what they look after.
         self.runtime = Runtime(
             backend,
