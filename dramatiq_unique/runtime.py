@@ -36,8 +36,6 @@ from .events import Events
 from .liveness import Liveness
 from .releases import BackgroundReleases
 
-__all__ = ["PERIODIC_THREAD", "RELEASE_THREAD", "Runtime"]
-
 #: The names of the threads.
 PERIODIC_THREAD = "dramatiq-unique-periodic"
 RELEASE_THREAD = "dramatiq-unique-releases"
