@@ -29,6 +29,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from .activity import ActivityCounter
 from .backends import LockBackend
@@ -208,18 +209,12 @@ class Runtime:
     def _start_periodic(self) -> None:
         """Start the periodic thread unless it runs (the caller holds the mutex)."""
         if self._periodic is None or not self._periodic[0].is_alive():
-            thread, stop = _thread(PERIODIC_THREAD, self._run)
+            # The thread holds the runtime only during a round: a runtime that is gone ends it.
+            thread, stop = _thread(
+                PERIODIC_THREAD, partial(_run_periodic, weakref.ref(self), self.liveness.heartbeat_interval / 1000)
+            )
             thread.start()
             self._periodic = (thread, stop)
-
-    def _run(self, stop: threading.Event) -> None:
-        interval = self.liveness.heartbeat_interval / 1000
-        while not stop.wait(interval):
-            try:
-                if not self._round(stop):
-                    return
-            except Exception:  # the thread must outlive anything
-                self.logger.exception("The periodic thread of worker %r failed.", self.liveness.worker_id)
 
     def _round(self, stop: threading.Event) -> bool:
         """One round; False when the thread is to end."""
@@ -290,6 +285,21 @@ def _thread(name: str, target: Callable[[threading.Event], None]) -> _Started:
     """A daemon thread that runs ``target`` until the event, which it is given, is set."""
     stop = threading.Event()
     return threading.Thread(target=target, args=(stop,), name=name, daemon=True), stop
+
+
+def _run_periodic(ref: weakref.ref[Runtime], interval: float, stop: threading.Event) -> None:
+    """The periodic thread: a round every ``interval`` seconds until ``stop`` is set, the
+    round says it is the last, or the runtime is gone."""
+    while not stop.wait(interval):
+        runtime = ref()
+        if runtime is None:
+            return
+        try:
+            if not runtime._round(stop):
+                return
+        except Exception:  # the thread must outlive anything
+            runtime.logger.exception("The periodic thread of worker %r failed.", runtime.liveness.worker_id)
+        del runtime
 
 
 def _reset_in_child(ref: weakref.ref[Runtime]) -> None:
