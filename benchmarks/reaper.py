@@ -19,7 +19,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq_unique import RedisBackend
 from dramatiq_unique.backends import Holder
 from dramatiq_unique.backends.base import format_record
-from dramatiq_unique.liveness import registry_key
+from dramatiq_unique.keys import registry_key
 from dramatiq_unique.reaper import Reaper
 
 try:

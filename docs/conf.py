@@ -88,6 +88,8 @@ _import_type_checking_names()
 nitpick_ignore = [
     ("py:class", "dramatiq_unique.events.Events"),
     ("py:class", "Events"),
+    ("py:class", "dramatiq_unique.events.EventSubject"),
+    ("py:class", "EventSubject"),
     ("py:class", "dramatiq_unique.liveness.Liveness"),
     ("py:class", "Liveness"),
     # prometheus_client publishes no Sphinx inventory.

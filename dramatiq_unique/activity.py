@@ -1,11 +1,11 @@
 """Lock activity per minute, kept in the lock backend for some hours.
 
 Each process counts the lock events of its messages in memory, per minute,
-actor and kind of event; the heartbeat thread of a worker adds them to the
-backend once per heartbeat interval, in one round trip, and never on a
-message's path. A process without a worker (one that only sends) flushes
-from a thread of its own at the same interval, while it has counts, and
-once more at exit.
+actor and kind of event; the periodic thread of the process (see
+:class:`~dramatiq_unique.runtime.Runtime`) adds them to the backend once per
+heartbeat interval, in one round trip, and never on a message's path: in a
+worker process from its boot to its shutdown, in a process that only sends
+while it has counts, and once more at exit.
 
 Each minute is one hash ``<prefix>:activity:{activity}:<minute>`` whose
 fields are ``<actor>|<event kind>``, kept for :data:`ACTIVITY_RETENTION`.
@@ -15,12 +15,9 @@ Cluster too. :func:`read_activity` reads them back.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +25,7 @@ from typing import Any
 from .backends import LockBackend
 from .errors import LockBackendError
 from .events import EVENT_KINDS
+from .keys import activity_key
 from .options import DEFAULT_LOCK_PREFIX
 
 #: How long the counts of a minute are kept, in milliseconds: 6 hours.
@@ -36,9 +34,8 @@ ACTIVITY_RETENTION = 6 * 60 * 60 * 1000
 MINUTE = 60_000
 
 
-def activity_key(prefix: str, minute: int) -> str:
-    """The key of the counts of ``minute`` (minutes since the epoch)."""
-    return f"{prefix}:activity:{{activity}}:{minute}"
+def _nothing() -> None:
+    pass
 
 
 class ActivityCounter:
@@ -49,11 +46,11 @@ class ActivityCounter:
       backend(LockBackend): Where the counts are kept.
       prefix(str): The lock prefix of their keys.
       clock(collections.abc.Callable): Now, in ms of the backend's clock, as estimated by the
-        heartbeat thread; ``None`` until it knows, when this machine's clock is used.
-      flushed_elsewhere(collections.abc.Callable): Whether a heartbeat thread flushes the
-        counts; until it does, this counter flushes them from a thread of its own.
-      interval(int): Milliseconds between two flushes of that thread.
+        heartbeat; ``None`` until it knows, when this machine's clock is used.
       logger(logging.Logger): Where failed flushes are reported.
+      on_counts(collections.abc.Callable): Called when a count is made while none
+        waits: there is something to flush again.
+      on_close(collections.abc.Callable): Called by :meth:`close` before its last flush.
       retention(int): Milliseconds the counts of a minute are kept.
     """
 
@@ -63,40 +60,42 @@ class ActivityCounter:
         *,
         prefix: str,
         clock: Callable[[], int | None],
-        flushed_elsewhere: Callable[[], bool],
-        interval: int,
         logger: logging.Logger,
+        on_counts: Callable[[], None] = _nothing,
+        on_close: Callable[[], None] = _nothing,
         retention: int = ACTIVITY_RETENTION,
     ):
         self.backend = backend
         self.prefix = prefix
         self.clock = clock
-        self.flushed_elsewhere = flushed_elsewhere
-        self.interval = interval
         self.logger = logger
+        self.on_counts = on_counts
+        self.on_close = on_close
         self.retention = retention
         self._mutex = threading.Lock()
         #: (minute, actor, kind) -> count, not flushed yet.
         self._counts: dict[tuple[int, str, str], int] = {}
-        self._thread: threading.Thread | None = None
-        self._closed = threading.Event()
+        self._closed = False
         self._failing = False
-        # A forked child starts afresh: the parent flushes what it counted, and
-        # the parent's mutex may have been held by one of its threads at the fork.
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _reset_after_fork(ref))
-        # The thread of its own is a daemon: without this, a process that sends and exits
-        # would lose what it counted since its last flush.
-        atexit.register(_close_at_exit, ref)
 
     def __call__(self, actor_name: str, kind: str) -> None:
         """Count one event of ``kind`` about ``actor_name`` (an :meth:`Events.add_counter` counter)."""
         key = (self._now() // MINUTE, actor_name, kind)
         with self._mutex:
+            first = not self._counts
             self._counts[key] = self._counts.get(key, 0) + 1
-            if self._thread is None and not self._closed.is_set() and not self.flushed_elsewhere():
-                self._thread = threading.Thread(target=self._run, name="dramatiq-unique-activity", daemon=True)
-                self._thread.start()
+        if first:
+            self.on_counts()
+
+    @property
+    def pending(self) -> bool:
+        """Whether counts wait for a flush."""
+        return bool(self._counts)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: a process that only sends flushes no more."""
+        return self._closed
 
     def flush(self) -> None:
         """Add the counts so far to the backend in one round trip; if the
@@ -125,49 +124,21 @@ class ActivityCounter:
         self._failing = False
 
     def close(self) -> None:
-        """Flush what is left, and stop the thread of its own: later events are
-        only flushed by a heartbeat thread."""
-        self._closed.set()
-        with self._mutex:
-            thread = self._thread
-        if thread is not None:
-            thread.join()
+        """Flush what is left, and flush no more from a process that only sends:
+        later events are only flushed by a worker's periodic thread."""
+        self._closed = True
+        self.on_close()
         self.flush()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: the parent flushes what it counted, and the parent's
+        mutex may have been held by one of its threads at the fork."""
+        self._mutex = threading.Lock()
+        self._counts = {}
 
     def _now(self) -> int:
         now = self.clock()
         return time.time_ns() // 1_000_000 if now is None else now
-
-    def _run(self) -> None:
-        # Stops once a heartbeat thread flushes, or nothing is left to flush;
-        # the next event starts it again if need be.
-        # It gives its slot up in the same critical section where it decides to end:
-        # an event just after then starts a new thread, instead of counting on this one.
-        while not self._closed.wait(self.interval / 1000):
-            self.flush()
-            with self._mutex:
-                if not self._counts or self.flushed_elsewhere():
-                    self._thread = None
-                    return
-        with self._mutex:
-            self._thread = None
-
-    def _after_fork(self) -> None:
-        self._mutex = threading.Lock()
-        self._counts = {}
-        self._thread = None
-
-
-def _close_at_exit(ref: weakref.ref[ActivityCounter]) -> None:
-    counter = ref()
-    if counter is not None:
-        counter.close()
-
-
-def _reset_after_fork(ref: weakref.ref[ActivityCounter]) -> None:
-    counter = ref()
-    if counter is not None:
-        counter._after_fork()
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 #: A message took a place in a lock.
 ACQUIRED = "acquired"
@@ -88,6 +89,25 @@ class LockEvent:
     error: Exception | None = None
 
 
+class EventSubject(NamedTuple):
+    """What an event is about: one message's lock. The background threads
+    carry it, instead of the message's locks, to tell what became of them.
+
+    Parameters:
+      actor_name(str): The actor of the message.
+      queue_name(str): The message's canonical queue.
+      digest(str): The lock's digest.
+      message_id(str): The message.
+      lock(str): The lock type, e.g. ``"until_executed"``.
+    """
+
+    actor_name: str
+    queue_name: str
+    digest: str
+    message_id: str
+    lock: str
+
+
 #: A subscriber: called with each event of the kinds it subscribed to; what it returns is ignored.
 Subscriber = Callable[[LockEvent], object]
 
@@ -156,6 +176,23 @@ class Events:
             counter(actor_name, kind)
         if kind in self._subscribers:
             self._deliver(build())
+
+    def notify_about(self, subject: EventSubject, kind: str, **details: Any) -> None:
+        """:meth:`notify` of an event of ``kind`` about ``subject``, with the
+        fields of :class:`LockEvent` given in ``details``."""
+        self.notify(
+            kind,
+            subject.actor_name,
+            lambda: LockEvent(
+                kind=kind,
+                actor_name=subject.actor_name,
+                queue_name=subject.queue_name,
+                digest=subject.digest,
+                message_id=subject.message_id,
+                lock=subject.lock,
+                **details,
+            ),
+        )
 
     def emit(self, event: LockEvent) -> None:
         """Count the event and call the subscribers of its kind; none of them can make this raise."""

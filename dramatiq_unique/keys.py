@@ -1,8 +1,9 @@
-"""Lock key names.
+"""Key names: every key the library writes.
 
 Every key starts with the lock prefix, and the keys of one digest share the
 hash tag ``{<digest>}``, so one Lua script can touch both of them on Redis
-Cluster.
+Cluster. The keys of the lock activity share the hash tag ``{activity}``, so
+one call writes the counts of several minutes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,31 @@ def run_key(prefix: str, digest: str) -> str:
 def replaced_key(prefix: str, digest: str) -> str:
     """The key of the set of queued messages whose place a newer message took (``replace``)."""
     return f"{prefix}:{{{digest}}}:replaced"
+
+
+def registry_key(prefix: str) -> str:
+    """The key of the worker registry: worker id -> the time until which it counts as alive."""
+    return f"{prefix}:workers"
+
+
+def activity_key(prefix: str, minute: int) -> str:
+    """The key of the lock activity counts of ``minute`` (minutes since the epoch)."""
+    return f"{prefix}:activity:{{activity}}:{minute}"
+
+
+def reaper_leader_key(prefix: str) -> str:
+    """The key of the lock a reaper run holds while it works: one run at a time."""
+    return f"{prefix}:reaper"
+
+
+def reaper_schedule_key(prefix: str) -> str:
+    """The key of the lock that the worker sending the reaper actor holds for one reaper interval."""
+    return f"{prefix}:reaper:schedule"
+
+
+def reaper_cursor_key(prefix: str) -> str:
+    """The key of where the previous reaper run stopped."""
+    return f"{prefix}:reaper:cursor"
 
 
 def lock_kind(key: str) -> str | None:

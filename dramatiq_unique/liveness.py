@@ -1,7 +1,8 @@
 """Worker liveness: this process's heartbeat, the leases of the run
 locks its messages hold, and the releases that failed and are tried again.
 
-One daemon thread per process does all three, once per heartbeat interval:
+In a worker process, the periodic thread of the :class:`~dramatiq_unique.runtime.Runtime`
+does all three once per heartbeat interval (:meth:`Liveness.tick`):
 
 * it records the process in the worker registry, a sorted set
   ``<prefix>:workers`` of worker id -> the time until which it counts as
@@ -14,6 +15,9 @@ One daemon thread per process does all three, once per heartbeat interval:
   lease period, and a dead process's run locks lapse within one
   lease period;
 * it gives up the locks whose release failed while the backend was down.
+
+What it looks after is plain data: keys, owners, expiry times and the
+subject of the events it tells.
 """
 
 from __future__ import annotations
@@ -26,15 +30,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .backends import LockBackend
 from .errors import LockBackendError
-from .events import BACKEND_ERROR, LEASE_LOST, Events, LockEvent
-from .keys import RUN
-
-if TYPE_CHECKING:
-    from .lock import MessageLock
+from .events import BACKEND_ERROR, LEASE_LOST, Events, EventSubject, LockEvent
+from .keys import RUN, registry_key
 
 _worker_id: tuple[int, str] | None = None
 
@@ -50,20 +50,15 @@ def worker_id() -> str:
     return _worker_id[1]
 
 
-def registry_key(prefix: str) -> str:
-    """The key of the worker registry."""
-    return f"{prefix}:workers"
-
-
 @dataclass
 class _Lease:
     expires_at: int
     deadline: int | None
-    lock: MessageLock | None
+    subject: EventSubject
 
 
 class Liveness:
-    """The heartbeat thread of one process and what it looks after.
+    """The heartbeat of one process and what it looks after.
 
     Parameters:
       backend(LockBackend): Where the registries and the locks are.
@@ -73,6 +68,9 @@ class Liveness:
       heartbeat_interval(int): Milliseconds between two heartbeats.
       logger(logging.Logger): Where to report.
       events(Events): Where lost leases and backend errors are told.
+      running(collections.abc.Callable): Whether a worker's periodic thread runs in
+        this process, calling :meth:`tick`: only then is a failed release kept to be
+        tried again.
     """
 
     def __init__(
@@ -83,26 +81,21 @@ class Liveness:
         lease_period: int,
         heartbeat_interval: int,
         logger: logging.Logger,
-        events: Events | None = None,
+        events: Events,
+        running: Callable[[], bool],
     ):
         self.backend = backend
-        self.events = events if events is not None else Events(logger=logger)
+        self.events = events
         self.registry_key = registry_key(prefix)
         #: The registries of the other lock prefixes this process's actors use.
         self._other_registries: tuple[str, ...] = ()
         self.lease_period = lease_period
         self.heartbeat_interval = heartbeat_interval
         self.logger = logger
-        #: Called by the thread after each heartbeat (the reaper's trigger).
-        self.on_tick: Callable[[int], None] | None = None
-        #: Called by the thread after each heartbeat, and once more when it stops (the activity counters).
-        self.on_flush: Callable[[], None] | None = None
+        self._running = running
         self._mutex = threading.Lock()
         self._leases: dict[tuple[str, str], _Lease] = {}
         self._pending: dict[tuple[str, str], int] = {}
-        self._users = 0
-        self._thread: threading.Thread | None = None
-        self._stopped = threading.Event()
         #: The backend's clock at the last heartbeat (ms), and our monotonic clock then (s).
         self._synced: tuple[int, float] | None = None
         #: Heartbeats that failed in a row.
@@ -114,7 +107,8 @@ class Liveness:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """Whether a worker's periodic thread runs in this process."""
+        return self._running()
 
     @property
     def registry_keys(self) -> tuple[str, ...]:
@@ -132,43 +126,28 @@ class Liveness:
         """Now on the backend's clock, in milliseconds, estimated from the last
         heartbeat's answer; ``None`` before one was answered. Times the backend
         recorded are compared with this, never with this machine's clock."""
-        # SPEC S3: time decisions follow the server's clock.
         if self._synced is None:
             return None
         now, at = self._synced
         return now + int((time.monotonic() - at) * 1000)
 
-    # Lifecycle ------------------------------------------------------------------
+    # A worker's arrival and departure --------------------------------------------
 
-    def start(self) -> None:
-        """Register this process and start the thread; called once per Worker
-        started in the process, before the Worker takes any message."""
-        with self._mutex:
-            self._users += 1
-            if self.running:
-                return
-            self._stopped.clear()
-            self._thread = threading.Thread(target=self._run, name="dramatiq-unique-heartbeat", daemon=True)
-        # The first heartbeat is synchronous: the worker is registered before it takes a message.
+    def register(self) -> None:
+        """The first heartbeat of a worker process, before it takes any message,
+        and the departure from the registries of processes that died long ago."""
         now = self._beat()
-        if now is not None:
-            for key in self.registry_keys:
-                try:  # processes killed long ago leave the registry, reaper or not
-                    self.backend.forget_workers(key, before=now - 10 * self.lease_period)
-                except LockBackendError:
-                    pass
-        self._thread.start()
+        if now is None:
+            return
+        for key in self.registry_keys:
+            try:  # processes killed long ago leave the registry, reaper or not
+                self.backend.forget_workers(key, before=now - 10 * self.lease_period)
+            except LockBackendError:
+                pass
 
-    def stop(self) -> None:
-        """Stop the thread when the last Worker of this process stopped, and leave the registry."""
-        with self._mutex:
-            self._users -= 1
-            if self._users > 0 or self._thread is None:
-                return
-            thread, self._thread = self._thread, None
-        self._stopped.set()
-        thread.join()
-        self._flush()
+    def leave(self) -> None:
+        """When the last Worker of the process stopped: try the failed releases
+        once more, report those still failing, and leave the registries."""
         self._retry_releases()
         for key, owner in self._pending:
             self.logger.error(
@@ -185,19 +164,27 @@ class Liveness:
                     "Worker %r could not leave the worker registry %r.", self.worker_id, key, exc_info=True
                 )
 
-    # What the thread looks after ---------------------------------------------
+    def reset_after_fork(self) -> None:
+        """In a forked child: no lease and no failed release of the parent is
+        looked after here, and the parent's mutex may have been held at the fork."""
+        self._mutex = threading.Lock()
+        self._leases = {}
+        self._pending = {}
+        self._failed_heartbeats = 0
+
+    # What the periodic thread looks after -----------------------------------------
 
     def hold(
-        self, key: str, owner: str, *, expires_at: int | None, deadline: int | None, lock: MessageLock | None = None
+        self, key: str, owner: str, *, expires_at: int | None, deadline: int | None, subject: EventSubject
     ) -> None:
         """Renew this run lock until :meth:`drop`; a place that never lapses needs nothing.
 
         Parameters:
-          lock(MessageLock): The message's locks, whose events tell of a lost lease.
+          subject(EventSubject): What to tell of a lost lease, or of a renewal that failed.
         """
         if expires_at and (deadline is None or expires_at < deadline):
             with self._mutex:
-                self._leases[(key, owner)] = _Lease(expires_at=expires_at, deadline=deadline, lock=lock)
+                self._leases[(key, owner)] = _Lease(expires_at=expires_at, deadline=deadline, subject=subject)
 
     def drop(self, key: str, owner: str) -> None:
         with self._mutex:
@@ -210,27 +197,20 @@ class Liveness:
             with self._mutex:
                 self._pending[(key, owner)] = 0
 
-    def tick(self) -> None:
-        """One round of the thread: heartbeat, renewals, failed releases, then ``on_tick``."""
+    def tick(self) -> int | None:
+        """Heartbeat, renewals, failed releases: the liveness part of one round of
+        the periodic thread.
+
+        Returns:
+          int: The backend's time at the heartbeat; ``None`` when it failed, and
+          nothing else was tried.
+        """
         now = self._beat()
         if now is None:
-            return
+            return None
         self._renew_due()
         self._retry_releases()
-        self._flush()
-        if self.on_tick is not None:
-            try:
-                self.on_tick(now)
-            except Exception:
-                self.logger.exception("The heartbeat thread's periodic task failed.")
-
-    def _run(self) -> None:
-        interval = self.heartbeat_interval / 1000
-        while not self._stopped.wait(interval):
-            try:
-                self.tick()
-            except Exception:  # the thread must outlive anything
-                self.logger.exception("The heartbeat of worker %r failed.", self.worker_id)
+        return now
 
     def _beat(self) -> int | None:
         sent = time.monotonic()
@@ -243,7 +223,7 @@ class Liveness:
         # The server read its clock about halfway through the round trip. Our monotonic
         # clock, unlike our wall clock, does not step.
         self._synced = (now, (sent + time.monotonic()) / 2)
-        # A run lock's worker must count as alive under the lock's prefix (issue 8, defect 4).
+        # A run lock's worker must count as alive under the lock's prefix.
         # Leases are renewed only after every registry heard of it: a worker never holds a
         # renewed run lock while some registry has given it up for dead.
         for key in self._other_registries:
@@ -287,8 +267,7 @@ class Liveness:
                 expires_at = self.backend.renew(key, owner, ttl=self.lease_period, deadline=lease.deadline)
             except LockBackendError as e:
                 self.logger.warning("The lease of run lock %r could not be renewed: %s", key, e)
-                if lease.lock is not None:
-                    lease.lock.emit(BACKEND_ERROR, lock_kind=RUN, reason="renewal", error=e)
+                self.events.notify_about(lease.subject, BACKEND_ERROR, lock_kind=RUN, reason="renewal", error=e)
                 continue
             with self._mutex:
                 if (key, owner) not in self._leases:
@@ -305,8 +284,7 @@ class Liveness:
                     "before this worker renewed it. Another copy may run now.",
                     key,
                 )
-                if lease.lock is not None:
-                    lease.lock.emit(LEASE_LOST, lock_kind=RUN)
+                self.events.notify_about(lease.subject, LEASE_LOST, lock_kind=RUN)
 
     def _retry_releases(self) -> None:
         with self._mutex:
@@ -322,13 +300,6 @@ class Liveness:
             with self._mutex:
                 self._pending.pop((key, owner), None)
             self.logger.info("The lock %r of %r was released on a later attempt.", key, owner)
-
-    def _flush(self) -> None:
-        if self.on_flush is not None:
-            try:
-                self.on_flush()
-            except Exception:
-                self.logger.exception("The heartbeat thread's flush failed.")
 
     def _backend_failed(self, what: str, error: LockBackendError) -> None:
         """Tell of a failure outside any message (a heartbeat, a release tried again)."""

@@ -14,7 +14,7 @@ from .backends.base import LAPSED as NOT_HELD
 from .current import HeldLock
 from .digest import compute_digest, lock_arguments
 from .errors import LockBackendError
-from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, Events, LockEvent
+from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, Events, EventSubject, LockEvent
 from .keys import ENQUEUE, RUN, enqueue_key, replaced_key, run_key
 from .liveness import worker_id
 from .options import LockConfig
@@ -48,12 +48,13 @@ class MessageLock:
       digest(str): The message's digest.
       outcome(EnqueueOutcome): What the message recorded when it was enqueued.
       logger(logging.Logger): Where to report a lapsed lock.
-      liveness(Liveness): This process's heartbeat thread: it renews the
-        run lock's lease and retries failed releases. Without
-        it, run locks last ``lock_ttl`` and failed releases are only logged.
+      liveness(Liveness): This process's heartbeat: its clock, and the
+        periodic thread that renews the run lock's lease and retries failed
+        releases. Without it, run locks last ``lock_ttl`` and failed releases
+        are only logged.
       events(Events): Where the lock's events go.
-      releases(BackgroundReleases): The thread that gives up the enqueue
-        locks of finished messages, if one runs in this process.
+      releases(BackgroundReleases): The releases that the release thread
+        gives up for finished messages, if one runs in this process.
     """
 
     def __init__(
@@ -150,6 +151,14 @@ class MessageLock:
     @property
     def replaced_key(self) -> str:
         return replaced_key(self.config.lock_prefix, self.digest)
+
+    @property
+    def subject(self) -> EventSubject:
+        """What the events of this message's locks are about, for the threads that tell them."""
+        message = self.message
+        return EventSubject(
+            message.actor_name, q_name(message.queue_name), self.digest, message.message_id, self.config.lock.name
+        )
 
     def held(self) -> HeldLock | None:
         """The lock the message holds while its actor runs."""
@@ -336,7 +345,14 @@ class MessageLock:
         """
         if self.holds_enqueue:
             self.holds_enqueue = False
-            if background and self.releases is not None and self.releases.hand_over(self):
+            releases = self.releases
+            # The subject is only built for a thread that runs to tell it.
+            if (
+                background
+                and releases is not None
+                and releases.running
+                and releases.hand_over(self.enqueue_key, self.message.message_id, self.subject)
+            ):
                 return
             try:
                 released = self.backend.release(self.enqueue_key, self.message.message_id)
@@ -454,7 +470,9 @@ class MessageLock:
                 deadline = None
                 if self.config.lock_ttl is not None:
                     deadline = acquisition.expires_at - ttl + self.config.lock_ttl
-                self.liveness.hold(self.run_key, owner, expires_at=acquisition.expires_at, deadline=deadline, lock=self)
+                self.liveness.hold(
+                    self.run_key, owner, expires_at=acquisition.expires_at, deadline=deadline, subject=self.subject
+                )
 
     def _running_holder(self, *, enqueue_lock: bool = False) -> Holder:
         return self._holder("running", worker_id=worker_id(), enqueue_lock=enqueue_lock)

@@ -12,13 +12,11 @@ from dramatiq.broker import MessageProxy
 from dramatiq.logging import get_logger
 from dramatiq.middleware import Retries
 
-from .activity import ActivityCounter
 from .backends import LockBackend
 from .client import ClientSide
-from .crash import CrashSafety
 from .errors import InvalidLockOptions
 from .events import Events, Subscriber
-from .liveness import Liveness
+from .keys import reaper_schedule_key
 from .lock import LockFactory
 from .metrics import PrometheusMetrics, warn_if_prometheus_follows
 from .options import (
@@ -48,15 +46,15 @@ from .options import (
     lock_defaults,
 )
 from .outage import Outage
-from .reaper import Reaper
-from .releases import BackgroundReleases
+from .reaper import Reaper, ReaperTrigger, declare_reaper_actor
+from .runtime import Runtime
 from .worker import WorkerSide
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 
-class UniqueJobs(CrashSafety, Middleware):
+class UniqueJobs(Middleware):
     """Middleware that gives actors job-uniqueness locks.
 
     Add it to the broker before declaring actors, ahead of ``TimeLimit``, so
@@ -148,41 +146,42 @@ class UniqueJobs(CrashSafety, Middleware):
         )
         #: The lock events of this middleware's messages, its heartbeat thread and its reaper.
         self.events = Events(logger=self.logger)
-        self.liveness = Liveness(
+        self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger, events=self.events)
+        self.metrics = None if metrics is False else PrometheusMetrics(None if metrics is True else metrics)
+        if self.metrics is not None:
+            self.events.subscribe(PrometheusMetrics.kinds, self.metrics)
+        self.reaper_enabled = reaper
+        self.reaper_interval = reaper_interval
+        self.reaper_queue = reaper_queue
+        self.reaper_actor: Actor[Any, Any] | None = None
+        periodic_tasks: list[Callable[[int], None]] = []
+        if reaper and reaper_interval is not None:
+            periodic_tasks.append(
+                ReaperTrigger(
+                    backend,
+                    schedule_key=reaper_schedule_key(lock_prefix),
+                    interval=reaper_interval,
+                    queue_name=reaper_queue,
+                    actor=lambda: self.reaper_actor,
+                )
+            )
+        #: The process's background work: its threads, and what they look after.
+        self.runtime = Runtime(
             backend,
             prefix=lock_prefix,
             lease_period=lease_period,
             heartbeat_interval=heartbeat_interval,
             logger=self.logger,
             events=self.events,
+            background_releases=background_releases,
+            activity=bool(activity),
+            periodic_tasks=periodic_tasks,
         )
-        self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger, events=self.events)
-        self.releases = (
-            BackgroundReleases(backend, logger=self.logger, retry=self.liveness.retry_release)
-            if background_releases
-            else None
-        )
-        self.metrics = None if metrics is False else PrometheusMetrics(None if metrics is True else metrics)
-        if self.metrics is not None:
-            self.events.subscribe(PrometheusMetrics.kinds, self.metrics)
-        self.activity = None
-        if activity:
-            self.activity = ActivityCounter(
-                backend,
-                prefix=lock_prefix,
-                clock=self.liveness.backend_time,
-                flushed_elsewhere=lambda: self.liveness.running,
-                interval=heartbeat_interval,
-                logger=self.logger,
-            )
-            self.events.add_counter(self.activity)
-            self.liveness.on_flush = self.activity.flush
-        self.reaper_enabled = reaper
-        self.reaper_interval = reaper_interval
-        self.reaper_queue = reaper_queue
-        self.reaper_actor: Actor[Any, Any] | None = None
-        if reaper and reaper_interval is not None:
-            self.liveness.on_tick = self._maybe_trigger_reaper
+        #: The parts of the runtime that each message's locks use.
+        self.liveness = self.runtime.liveness
+        self.releases = self.runtime.releases
+        #: The lock activity counter, ``None`` with ``activity=False``.
+        self.activity = self.runtime.activity
         self.defaults = lock_defaults(
             lock=lock,
             on_conflict=on_conflict,
@@ -200,7 +199,7 @@ class UniqueJobs(CrashSafety, Middleware):
             backend=backend, logger=self.logger, liveness=self.liveness, events=self.events, releases=self.releases
         )
         outage = Outage(
-            on_backend_error=on_backend_error, logger=self.logger, releases_retried=lambda: self.liveness.running
+            on_backend_error=on_backend_error, logger=self.logger, releases_retried=lambda: self.runtime.running
         )
         self.worker_side = WorkerSide(configs=self.configs, locks=locks, outage=outage, logger=self.logger)
         self.client_side = ClientSide(
@@ -282,7 +281,26 @@ class UniqueJobs(CrashSafety, Middleware):
         if self.metrics is not None:
             # In a worker process, after Dramatiq's Prometheus middleware chose where values go.
             self.metrics.setup()
-        super().before_worker_boot(broker, worker)
+        if self.reaper_enabled:
+            self.declare_reaper(broker)
+        # Before the consumers start: the worker is in the registry before it holds any run lock.
+        self.runtime.worker_booted(worker)
+
+    def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:
+        # After the worker threads finished their messages: the leases were renewed until then.
+        self.runtime.worker_stopped(worker)
+
+    def declare_reaper(self, broker: Broker) -> Actor[Any, Any]:
+        """Declare the orphan reaper actor on ``broker`` (once) and return it.
+
+        Send it yourself to run a reaper cycle, e.g. from a scheduler: it
+        accepts ``max_passes`` (``None``: until every lock was inspected) and
+        logs its report in one line. Only one runs at a time. With Dramatiq's
+        ``Results`` middleware on the broker, it also returns the report as a dict.
+        """
+        if self.reaper_actor is None:
+            self.reaper_actor = declare_reaper_actor(broker, self.reaper, queue_name=self.reaper_queue)
+        return self.reaper_actor
 
     def after_consumer_thread_boot(self, broker: Broker, thread: Any) -> None:
         self.client_side.consumer_thread()

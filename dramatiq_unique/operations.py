@@ -25,8 +25,7 @@ from dramatiq.logging import get_logger
 from .backends import LockBackend, LockRecord
 from .digest import compute_digest, lock_arguments
 from .held import QUEUED, STATES, Explanation, HolderInfo, LockInfo, WorkerInfo
-from .keys import ENQUEUE, RUN, digest_of, enqueue_key, prefix_of, run_key
-from .liveness import registry_key
+from .keys import ENQUEUE, RUN, digest_of, enqueue_key, prefix_of, registry_key, run_key
 from .options import DEFAULT_LOCK_PREFIX, LockConfig
 from .presentation import describe_holder, describe_holders
 from .reaper import DEFAULT_BATCH, locator_for

@@ -31,19 +31,23 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import dramatiq
 from dramatiq import Broker, Message
+from dramatiq.actor import Actor
 from dramatiq.common import dq_name
+from dramatiq.results import Results
 
 from .backends import Holder, LockBackend, LockRecord
 from .events import REAPED, Events, LockEvent
-from .keys import RUN, digest_of
-from .liveness import registry_key
+from .keys import RUN, digest_of, reaper_cursor_key, reaper_leader_key, registry_key
 from .locks import LOCK_TYPES
 
+#: The name of the orphan reaper actor.
+REAPER_ACTOR_NAME = "dramatiq_unique_reaper"
 #: About how many keys one pass inspects.
 DEFAULT_BATCH = 500
 #: An enqueue lock younger than this (ms) is never reaped: its message may be on its way to the broker.
@@ -121,9 +125,8 @@ class Reaper:
         self.min_age = min_age
         self.confirm_delay = confirm_delay
         self._mutex = threading.Lock()
-        self.leader_key = f"{prefix}:reaper"
-        self.schedule_key = f"{prefix}:reaper:schedule"
-        self.cursor_key = f"{prefix}:reaper:cursor"
+        self.leader_key = reaper_leader_key(prefix)
+        self.cursor_key = reaper_cursor_key(prefix)
 
     def add_prefix(self, prefix: str) -> None:
         """Reap the locks under ``prefix`` too: the lock prefix of an actor."""
@@ -143,7 +146,7 @@ class Reaper:
         started = time.monotonic()
         report = ReapReport()
         owner = uuid.uuid4().hex
-        holder = Holder(message_id=owner, actor="dramatiq_unique_reaper", queue="", lock="reaper", state="running")
+        holder = Holder(message_id=owner, actor=REAPER_ACTOR_NAME, queue="", lock="reaper", state="running")
         if not self.backend.acquire(self.leader_key, owner, limit=1, ttl=LEADER_TTL, holder=holder).acquired:
             self.logger.info("The orphan reaper is already running elsewhere; this run does nothing.")
             report.skipped = True
@@ -267,6 +270,84 @@ def _outlives_message(record: LockRecord) -> bool:
     """Whether the holder's lock type is meant to outlive its message (``until_expired``)."""
     lock_type = LOCK_TYPES.get(str(record.holder.get("lock")))
     return lock_type is not None and lock_type.outlives_message
+
+
+# The reaper actor, and the workers that send it -----------------------------------
+
+
+def declare_reaper_actor(broker: Broker, reaper: Reaper, *, queue_name: str) -> Actor[Any, Any]:
+    """Declare the orphan reaper actor on ``broker`` and return it.
+
+    It runs a reaper cycle: it accepts ``max_passes`` (``None``: until every
+    lock was inspected) and logs its report in one line. With Dramatiq's
+    ``Results`` middleware on the broker, it also returns the report as a dict.
+
+    Parameters:
+      reaper(Reaper): What it runs.
+      queue_name(str): Its queue.
+    """
+
+    def dramatiq_unique_reaper(max_passes: int | None = None) -> dict[str, Any] | None:
+        report = reaper.run(broker=broker, max_passes=max_passes)
+        # Dramatiq warns of every value returned where no Results middleware keeps it.
+        return report.as_dict() if any(isinstance(m, Results) for m in broker.middleware) else None
+
+    actor: Actor[Any, Any] = dramatiq.actor(
+        broker=broker,
+        actor_name=REAPER_ACTOR_NAME,
+        queue_name=queue_name,
+        max_retries=0,
+        lock=None,
+    )(dramatiq_unique_reaper)
+    return actor
+
+
+class ReaperTrigger:
+    """A task of each worker's periodic thread: the first worker to take the
+    schedule lock of an interval sends the reaper actor, so that it runs about
+    once per interval across the deployment.
+
+    Parameters:
+      backend(LockBackend): Where the schedule lock is.
+      schedule_key(str): The key of the schedule lock.
+      interval(int): Milliseconds between two reaper runs.
+      queue_name(str): The reaper actor's queue, recorded in the schedule lock.
+      actor(collections.abc.Callable): The reaper actor, once declared; ``None`` before.
+    """
+
+    def __init__(
+        self,
+        backend: LockBackend,
+        *,
+        schedule_key: str,
+        interval: int,
+        queue_name: str,
+        actor: Callable[[], Actor[Any, Any] | None],
+    ):
+        self.backend = backend
+        self.schedule_key = schedule_key
+        self.interval = interval
+        self.queue_name = queue_name
+        self.actor = actor
+        self._next_try = 0
+
+    def __call__(self, now: int) -> None:
+        """Try the schedule lock, if this process has not tried it in this interval.
+
+        Parameters:
+          now(int): The backend's time, in milliseconds.
+        """
+        actor = self.actor()
+        # Each process asks at most once per interval: one round trip per interval, not per heartbeat.
+        if actor is None or now < self._next_try:
+            return
+        self._next_try = now + self.interval
+        owner = uuid.uuid4().hex
+        holder = Holder(
+            message_id=owner, actor=REAPER_ACTOR_NAME, queue=self.queue_name, lock="schedule", state="queued"
+        )
+        if self.backend.acquire(self.schedule_key, owner, limit=1, ttl=self.interval, holder=holder).acquired:
+            actor.send()
 
 
 # Asking brokers whether a message still exists -----------------------------------

@@ -15,7 +15,7 @@ What a user sees of it:
   it sends that release itself, or waits for the round trip that carries it
   (:meth:`BackgroundReleases.settle`);
 * a warm shutdown sends every release before the worker leaves the registry;
-  a failed release is tried again by the heartbeat thread, as any other;
+  a failed release is tried again by the periodic thread, as any other;
 * after a ``kill -9``, the releases not sent yet are left to the orphan reaper
   and to ``lock_ttl``, as a release lost with a dying process always was.
 
@@ -31,15 +31,11 @@ import logging
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 from .backends import LockBackend
 from .errors import LockBackendError
-from .events import BACKEND_ERROR, LAPSED, RELEASED
+from .events import BACKEND_ERROR, LAPSED, RELEASED, Events, EventSubject
 from .keys import ENQUEUE
-
-if TYPE_CHECKING:
-    from .lock import MessageLock
 
 __all__ = ["BackgroundReleases"]
 
@@ -50,15 +46,21 @@ MAX_BATCH = 256
 #: answered before it tries the lock anyway (the backend is failing then).
 SETTLE_TIMEOUT = 5.0
 
+#: A release handed over: the key of the enqueue lock, its owner (the message id), and what to tell.
+_Release = tuple[str, str, EventSubject]
+
 
 class BackgroundReleases:
-    """The thread that gives up finished messages' enqueue locks, in batches.
+    """The releases of finished messages' enqueue locks, and the loop that
+    sends them in batches (``serve``), which the release thread of the
+    process runs.
 
     Parameters:
       backend(LockBackend): Where the locks are.
       logger(logging.Logger): Where failed releases are reported.
+      events(Events): Where what became of each lock is told.
       retry(collections.abc.Callable): Called with ``(key, owner)`` of each release that
-        failed, to try it again later (the heartbeat thread's job).
+        failed, to try it again later (the periodic thread's job).
       max_batch(int): The most releases in one round trip.
     """
 
@@ -67,74 +69,71 @@ class BackgroundReleases:
         backend: LockBackend,
         *,
         logger: logging.Logger,
+        events: Events,
         retry: Callable[[str, str], None],
         max_batch: int = MAX_BATCH,
     ):
         self.backend = backend
         self.logger = logger
+        self.events = events
         self.retry = retry
         self.max_batch = max_batch
         self._changed = threading.Condition(threading.Lock())
-        self._waiting: list[MessageLock] = []
+        self._waiting: list[_Release] = []
         #: Key -> releases of it handed over and not answered yet.
         self._unsettled: dict[str, int] = {}
-        self._users = 0
-        self._thread: threading.Thread | None = None
-        #: Set when the thread is to stop once nothing waits any more.
-        self._stopping = threading.Event()
+        #: The thread that serves now, and the event set when it is to stop once nothing
+        #: waits; ``None`` while no thread serves in this process.
+        self._serving: tuple[threading.Thread, threading.Event] | None = None
 
     @property
     def running(self) -> bool:
-        """Whether the thread runs and takes releases."""
-        return self._thread is not None and not self._stopping.is_set()
+        """Whether a thread of this process serves, and takes releases."""
+        serving = self._serving
+        return serving is not None and not serving[1].is_set() and serving[0].is_alive()
 
-    def start(self) -> None:
-        """Start the thread; called once per Worker started in the process."""
+    def open(self, thread: threading.Thread, stopping: threading.Event) -> None:
+        """Take releases from now on, for ``thread``, which serves them until
+        ``stopping`` is given to :meth:`close`."""
         with self._changed:
-            self._users += 1
-            if self.running:
-                return
-            # A thread that is stopping (the last Worker is leaving) finishes on its
-            # own; this Worker gets a thread of its own.
-            self._stopping = threading.Event()
-            self._thread = threading.Thread(
-                target=self._run, args=(self._stopping,), name="dramatiq-unique-releases", daemon=True
-            )
-            self._thread.start()
+            self._serving = (thread, stopping)
 
-    def stop(self) -> None:
-        """When the last Worker of the process stopped: send what waits, then
-        stop the thread. Later releases are sent by the threads that make them."""
+    def close(self, stopping: threading.Event) -> None:
+        """Take no more releases: the thread serving until ``stopping`` sends
+        what waits, then ends. Later releases are sent by the threads that make them."""
         with self._changed:
-            self._users -= 1
-            if self._users > 0 or not self.running:
-                return
-            thread, stopping = self._thread, self._stopping
             stopping.set()
             self._changed.notify_all()
-        assert thread is not None
-        thread.join()
-        with self._changed:
-            if self._thread is thread:  # no Worker started another meanwhile
-                self._thread = None
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: no thread serves, no release of the parent waits
+        here, and the parent's mutex may have been held at the fork."""
+        self._changed = threading.Condition(threading.Lock())
+        self._waiting = []
+        self._unsettled = {}
+        self._serving = None
 
     @property
     def idle(self) -> bool:
         """Whether every release handed over so far has been answered."""
         return not self._unsettled
 
-    def hand_over(self, lock: MessageLock) -> bool:
-        """Have the thread give up ``lock``'s enqueue lock, which the message
-        holds no more as far as the caller is concerned.
+    def hand_over(self, key: str, owner: str, subject: EventSubject) -> bool:
+        """Have the serving thread give up ``owner``'s place in the enqueue lock
+        at ``key``, which the message holds no more as far as the caller is concerned.
+
+        Parameters:
+          subject(EventSubject): What to tell of the release.
 
         Returns:
-          bool: False when the thread does not run: the caller releases it itself.
+          bool: False when no thread serves (the caller asked :attr:`running`
+          before, and it stopped since): the caller releases it itself.
         """
-        key = lock.enqueue_key
         with self._changed:
-            if not self.running:
+            serving = self._serving
+            if serving is None or serving[1].is_set():
                 return False
-            self._waiting.append(lock)
+            self._waiting.append((key, owner, subject))
             self._unsettled[key] = self._unsettled.get(key, 0) + 1
             self._changed.notify_all()
         return True
@@ -148,16 +147,18 @@ class BackgroundReleases:
         if key not in self._unsettled:  # nearly always: no lock taken for nothing
             return
         with self._changed:
-            mine = [lock for lock in self._waiting if lock.enqueue_key == key]
+            mine = [release for release in self._waiting if release[0] == key]
             if mine:
-                self._waiting = [lock for lock in self._waiting if lock.enqueue_key != key]
+                self._waiting = [release for release in self._waiting if release[0] != key]
         if mine:
             self._release(mine)
         with self._changed:
             # What is left is in flight in another thread's round trip.
             self._changed.wait_for(lambda: key not in self._unsettled, timeout=SETTLE_TIMEOUT)
 
-    def _run(self, stopping: threading.Event) -> None:
+    def serve(self, stopping: threading.Event) -> None:
+        """Send the releases handed over, as they come, until ``stopping`` is
+        set and none waits: the release thread's loop."""
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: self._waiting or stopping.is_set())
@@ -166,7 +167,7 @@ class BackgroundReleases:
                 batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]
             self._release(batch)
 
-    def _release(self, batch: list[MessageLock]) -> None:
+    def _release(self, batch: list[_Release]) -> None:
         """Send the releases of ``batch``, mark them answered, then tell the
         subscribers: one that sends a message of the same lock finds it settled."""
         events: list[Callable[[], None]] = []
@@ -174,12 +175,11 @@ class BackgroundReleases:
             events = self._send(batch)
         except Exception:  # neither the thread nor a send() may die of it, and no lock may stay behind
             self.logger.exception("Lock releases of %d finished messages failed; they are tried again.", len(batch))
-            for lock in batch:
-                self.retry(lock.enqueue_key, lock.message.message_id)
+            for key, owner, _ in batch:
+                self.retry(key, owner)
         finally:
             with self._changed:
-                for lock in batch:
-                    key = lock.enqueue_key
+                for key, _, _ in batch:
                     left = self._unsettled[key] - 1
                     if left:
                         self._unsettled[key] = left
@@ -189,24 +189,26 @@ class BackgroundReleases:
         for emit in events:
             emit()
 
-    def _send(self, batch: list[MessageLock]) -> list[Callable[[], None]]:
-        """Send the releases of ``batch``; returns the events to emit about them."""
-        places = [(lock.enqueue_key, lock.message.message_id) for lock in batch]
+    def _send(self, batch: list[_Release]) -> list[Callable[[], None]]:
+        """Send the releases of ``batch``; returns the events to tell about them."""
+        places = [(key, owner) for key, owner, _ in batch]
+        notify = self.events.notify_about
         try:
             released = self.backend.release_many(places)
         except LockBackendError as e:
             for key, owner in places:
                 self.retry(key, owner)
+            first = batch[0][2]
             self.logger.warning(
                 "The locks of %d finished messages (the first: message %r of actor %r) could not be released: %s. "
                 "This worker tries again; the orphan reaper or the locks' lock_ttl frees them if that fails too.",
                 len(batch),
-                batch[0].message.message_id,
-                batch[0].message.actor_name,
+                first.message_id,
+                first.actor_name,
                 e,
             )
-            return [partial(lock.emit, BACKEND_ERROR, reason="release", error=e) for lock in batch]
+            return [partial(notify, subject, BACKEND_ERROR, reason="release", error=e) for _, _, subject in batch]
         return [
-            partial(lock.emit, RELEASED if was_held else LAPSED, lock_kind=ENQUEUE)
-            for lock, was_held in zip(batch, released, strict=True)
+            partial(notify, subject, RELEASED if was_held else LAPSED, lock_kind=ENQUEUE)
+            for (_, _, subject), was_held in zip(batch, released, strict=True)
         ]

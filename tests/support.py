@@ -14,8 +14,7 @@ from dramatiq.middleware import TimeLimit
 
 from dramatiq_unique import LockBackend, UniqueJobs
 from dramatiq_unique.backends import Holder
-from dramatiq_unique.keys import enqueue_key, run_key
-from dramatiq_unique.liveness import registry_key
+from dramatiq_unique.keys import enqueue_key, registry_key, run_key
 
 #: Retries that keep failing tests short.
 FAST_RETRIES = {"min_backoff": 10, "max_backoff": 40}

@@ -31,7 +31,7 @@ from dramatiq_unique.cli import (
     RET_URL,
     RET_USAGE,
 )
-from dramatiq_unique.liveness import registry_key
+from dramatiq_unique.keys import registry_key
 
 from .support import wait_for
 

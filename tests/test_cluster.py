@@ -425,7 +425,7 @@ def test_workers_keep_every_lock_while_slots_move(env, redis_cluster, caplog):
 def test_the_reaper_walks_every_master_of_a_cluster(cluster_client, redis_cluster):
     # R2 + R4 + S5: the reaper scans node by node and frees exactly the dead worker's run locks,
     # wherever their digests live; a live worker's run locks stay.
-    from dramatiq_unique.liveness import registry_key
+    from dramatiq_unique.keys import registry_key
     from dramatiq_unique.reaper import Reaper
 
     from .test_reaper import LOGGER, PREFIX, plant_orphans, scan_all

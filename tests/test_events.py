@@ -21,8 +21,10 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from dramatiq_unique import RedisBackend, StubBackend, UniqueJobs, enqueue_outcome
-from dramatiq_unique.activity import ActivityCounter, activity_key, read_activity
-from dramatiq_unique.events import EVENT_KINDS, LockEvent
+from dramatiq_unique.activity import ActivityCounter, read_activity
+from dramatiq_unique.events import EVENT_KINDS, Events, LockEvent
+from dramatiq_unique.keys import activity_key
+from dramatiq_unique.runtime import PERIODIC_THREAD, Runtime
 
 from .support import Env, Gate, plant_dead_workers_run_lock, wait_for
 
@@ -345,7 +347,7 @@ def test_activity_reaches_redis_in_one_round_trip_per_heartbeat_and_reads_back(r
             settle.send(event_id)
         env.join(settle)
         monitor.mark("tick")
-        env.middleware.liveness.tick()
+        env.middleware.runtime.tick()
         monitor.mark("ticked")
         settle.send("e3")
         env.join(settle)
@@ -387,8 +389,6 @@ def test_one_flush_writes_the_counts_of_several_minutes(backend):
         backend,
         prefix=PREFIX,
         clock=lambda: now[0],
-        flushed_elsewhere=lambda: True,
-        interval=1000,
         logger=logging.getLogger("test"),
     )
     counter("settle", "acquired")
@@ -429,9 +429,7 @@ def test_a_process_without_a_worker_flushes_from_a_thread_of_its_own():
         wait_for(lambda: read_activity(backend, minutes=2).totals() == {"settle": {"acquired": 1, "conflict": 1}})
         # With nothing left to flush, the thread ends. (Its own thread: counters of other tests whose
         # Redis is gone keep theirs while they hold counts.)
-        counter = env.middleware.activity
-        assert counter is not None
-        wait_for(lambda: counter._thread is None)
+        wait_for(lambda: env.middleware.runtime._periodic is None)
     finally:
         next(runs, None)
 
@@ -491,31 +489,31 @@ def test_an_event_while_the_senders_thread_ends_is_flushed_all_the_same():
     # review3: the thread decided to end and cleared its slot in two critical sections; an event
     # in between saw a thread still there, started none, and its count waited for the next event.
     backend = StubBackend()
-    counter = ActivityCounter(
+    logger = logging.getLogger("test")
+    runtime = Runtime(
         backend,
         prefix=PREFIX,
-        clock=lambda: None,
-        flushed_elsewhere=lambda: False,
-        interval=10,
-        logger=logging.getLogger("test"),
+        lease_period=30,
+        heartbeat_interval=10,
+        logger=logger,
+        events=Events(logger=logger),
+        background_releases=False,
+        activity=True,
     )
+    counter = runtime.activity
+    assert counter is not None
 
     def late_event():
         late = threading.Thread(target=counter, args=("settle", "conflict"))
         late.start()
         late.join()
 
-    # The thread takes the mutex twice per round: to take the counts (flush), then to decide
-    # whether to go on. An event arrives the moment it lets go of the second, having decided to end.
-    releases = []
-
+    # In a process that only sends, the periodic thread takes the runtime's mutex once per round,
+    # to decide whether to go on. An event arrives the moment it lets go of it, having decided to end.
     def ending() -> bool:
-        if threading.current_thread().name != "dramatiq-unique-activity":  # only its thread takes this mutex
-            return False
-        releases.append(None)
-        return len(releases) == 2
+        return threading.current_thread().name == PERIODIC_THREAD  # only its decision takes this mutex
 
-    counter._mutex = _WindowAfterRelease(ending, late_event)  # type: ignore[assignment]
+    runtime._mutex = _WindowAfterRelease(ending, late_event)  # type: ignore[assignment]
     counter("settle", "acquired")
     wait_for(lambda: read_activity(backend, minutes=2).totals() == {"settle": {"acquired": 1, "conflict": 1}})
     counter.close()

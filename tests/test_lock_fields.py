@@ -13,7 +13,7 @@ import pytest
 
 from dramatiq_unique import Locks, RedisBackend, StubBackend, enqueue_outcome, reap_orphans
 from dramatiq_unique.backends import Holder
-from dramatiq_unique.liveness import registry_key
+from dramatiq_unique.keys import registry_key
 
 from .support import Gate, wait_for
 

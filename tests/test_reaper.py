@@ -16,7 +16,8 @@ from dramatiq.results.backends import StubBackend as StubResultBackend
 
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome, reap_orphans
 from dramatiq_unique.backends import Holder
-from dramatiq_unique.liveness import registry_key, worker_id
+from dramatiq_unique.keys import registry_key
+from dramatiq_unique.liveness import worker_id
 from dramatiq_unique.reaper import Reaper
 
 from .support import Env, Gate, wait_for

@@ -445,7 +445,7 @@ def test_the_page_of_a_redis_cluster_url_shows_the_locks_of_every_master(redis_c
     # behind the URL of one of its nodes.
     import redis
 
-    from dramatiq_unique.liveness import registry_key
+    from dramatiq_unique.keys import registry_key
 
     broker = StubBroker()
     unique = UniqueJobs(backend=RedisBackend(client=cluster_client))

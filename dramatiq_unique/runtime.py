@@ -1,0 +1,314 @@
+"""The background work of one process: the only place that starts threads.
+
+A process runs at most two threads of this library, both daemons:
+
+* the periodic thread, ``dramatiq-unique-periodic``, which wakes once per
+  heartbeat interval. In a worker process it runs from the boot of the first
+  Worker to the shutdown of the last, and does all of the worker's
+  maintenance in one round: the heartbeat, the lease renewals and the failed
+  releases tried again (:class:`~dramatiq_unique.liveness.Liveness`), the
+  activity counts flushed, and the tasks it was given (the orphan reaper's
+  trigger). In a process that only sends, it runs while activity counts wait
+  to be flushed, and ends when none is left; the counts left at exit are
+  flushed then;
+* the release thread, ``dramatiq-unique-releases``, in a worker process with
+  background releases, from the boot of the first Worker to the shutdown of
+  the last (:class:`~dramatiq_unique.releases.BackgroundReleases`).
+
+Workers are told apart by identity: a Worker that stops twice, or stops
+without having booted, stops nothing. A child forked from the process has
+none of its threads and none of its queued work: it starts threads of its
+own when a Worker boots in it, or when it counts activity.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from functools import partial
+
+from .activity import ActivityCounter
+from .backends import LockBackend
+from .events import Events
+from .liveness import Liveness
+from .releases import BackgroundReleases
+
+#: The names of the threads.
+PERIODIC_THREAD = "dramatiq-unique-periodic"
+RELEASE_THREAD = "dramatiq-unique-releases"
+
+#: The shortest wait, in milliseconds, for the periodic thread to finish its round when the
+#: last Worker stops; the wait is the lease period when that is longer.
+MIN_STOP_WAIT = 5_000
+
+#: A started thread, and the event that tells it to stop.
+_Started = tuple[threading.Thread, threading.Event]
+
+
+class Runtime:
+    """The threads of one process and the work they do.
+
+    Parameters:
+      backend(LockBackend): Where locks, registries and counts are.
+      prefix(str): The middleware's lock prefix.
+      lease_period(int): Milliseconds a run lock is held without a renewal.
+      heartbeat_interval(int): Milliseconds between two rounds of the periodic thread.
+      logger(logging.Logger): Where to report.
+      events(Events): Where lock events are told, and counted.
+      background_releases(bool): Whether a worker process gives up finished
+        messages' enqueue locks from the release thread.
+      activity(bool): Whether lock events are counted per minute in the backend.
+      periodic_tasks(Sequence[collections.abc.Callable]): Called by each round of a worker's
+        periodic thread with the backend's time, after the heartbeat.
+    """
+
+    def __init__(
+        self,
+        backend: LockBackend,
+        *,
+        prefix: str,
+        lease_period: int,
+        heartbeat_interval: int,
+        logger: logging.Logger,
+        events: Events,
+        background_releases: bool,
+        activity: bool,
+        periodic_tasks: Sequence[Callable[[int], None]] = (),
+    ):
+        self.logger = logger
+        self.liveness = Liveness(
+            backend,
+            prefix=prefix,
+            lease_period=lease_period,
+            heartbeat_interval=heartbeat_interval,
+            logger=logger,
+            events=events,
+            running=lambda: self.running,
+        )
+        self.releases = (
+            BackgroundReleases(backend, logger=logger, events=events, retry=self.liveness.retry_release)
+            if background_releases
+            else None
+        )
+        self.activity = (
+            ActivityCounter(
+                backend,
+                prefix=prefix,
+                clock=self.liveness.backend_time,
+                logger=logger,
+                on_counts=self._counted,
+                on_close=self._activity_closed,
+            )
+            if activity
+            else None
+        )
+        if self.activity is not None:
+            events.add_counter(self.activity)
+        self._tasks = tuple(periodic_tasks)
+        self._init_state()
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _reset_in_child(ref))
+        if self.activity is not None:
+            # The periodic thread is a daemon: without this, a process that sends and
+            # exits would lose what it counted since its last flush.
+            atexit.register(_close_activity, ref)
+
+    def _init_state(self) -> None:
+        #: Guards the state below; never held during a round trip or a join.
+        self._mutex = threading.Lock()
+        #: Serializes a Worker's registration with the departure of the last one.
+        self._transition = threading.Lock()
+        #: The booted Workers of this process that have not stopped, by identity.
+        self._workers: dict[int, object] = {}
+        #: Whether the periodic thread does a worker's work: from the registration
+        #: of the first Worker to the shutdown of the last.
+        self._serving = False
+        self._periodic: _Started | None = None
+        self._release_thread: _Started | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether a worker's periodic thread runs in this process."""
+        periodic = self._periodic
+        return self._serving and periodic is not None and periodic[0].is_alive()
+
+    # Workers ---------------------------------------------------------------------
+
+    def worker_booted(self, worker: object) -> None:
+        """Start a worker's background work, if ``worker`` is the first Worker of
+        the process: called before it takes any message. Registers the process
+        in the worker registry first."""
+        with self._transition:
+            with self._mutex:
+                if id(worker) in self._workers:
+                    return
+                self._workers[id(worker)] = worker
+                register, self._serving = not self._serving, True
+            if register:
+                self.liveness.register()
+            with self._mutex:
+                self._start_periodic()
+                if self.releases is not None and self._release_thread is None:
+                    thread, stopping = _thread(RELEASE_THREAD, self.releases.serve)
+                    self.releases.open(thread, stopping)
+                    thread.start()
+                    self._release_thread = (thread, stopping)
+
+    def worker_stopped(self, worker: object) -> None:
+        """Stop a worker's background work, if ``worker`` booted and is the last
+        Worker of the process: called after its worker threads finished. Sends
+        the releases that wait, stops the periodic thread, flushes the activity
+        counts, tries the failed releases once more and leaves the registry."""
+        with self._mutex:
+            if self._workers.pop(id(worker), None) is None or self._workers:
+                return
+            releasing, self._release_thread = self._release_thread, None
+        if releasing is not None and self.releases is not None:
+            # The releases go first: the periodic thread, still running, keeps those that fail
+            # to try them again. Not bounded: a warm shutdown sends every release before the
+            # worker is gone.
+            thread, stopping = releasing
+            self.releases.close(stopping)
+            thread.join()
+        with self._transition:
+            with self._mutex:
+                if self._workers:
+                    return  # a Worker booted meanwhile: the periodic thread is its own now
+                self._serving = False
+                periodic, self._periodic = self._periodic, None
+            if periodic is not None and not self._join(periodic):
+                self.logger.error(
+                    "Worker %r stops while its heartbeat is still waiting for the lock backend: it leaves "
+                    "without a last flush of its activity counts and without trying its failed releases again. "
+                    "Its place in the worker registry lapses; the orphan reaper or lock_ttl frees what it held.",
+                    self.liveness.worker_id,
+                )
+                return
+            self._flush()
+            self.liveness.leave()
+
+    # The periodic thread ---------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One round of a worker's periodic thread: heartbeat, renewals, failed
+        releases, activity flush, then the periodic tasks. Nothing after a failed heartbeat."""
+        now = self.liveness.tick()
+        if now is None:
+            return
+        self._flush()
+        for task in self._tasks:
+            try:
+                task(now)
+            except Exception:
+                self.logger.exception("The periodic task %r failed.", task)
+
+    def _start_periodic(self) -> None:
+        """Start the periodic thread unless it runs (the caller holds the mutex)."""
+        if self._periodic is None or not self._periodic[0].is_alive():
+            # The thread holds the runtime only during a round: a runtime that is gone ends it.
+            thread, stop = _thread(
+                PERIODIC_THREAD, partial(_run_periodic, weakref.ref(self), self.liveness.heartbeat_interval / 1000)
+            )
+            thread.start()
+            self._periodic = (thread, stop)
+
+    def _round(self, stop: threading.Event) -> bool:
+        """One round; False when the thread is to end."""
+        if self._serving:
+            self.tick()
+            return True
+        # A process that only sends: it flushes while counts wait.
+        activity = self.activity
+        if activity is not None and not activity.closed:
+            activity.flush()
+        with self._mutex:
+            if self._serving or (activity is not None and activity.pending and not activity.closed):
+                return True
+            # It gives its slot up where it decides to end: a count made just after
+            # then starts a thread of its own instead of counting on this one.
+            if self._periodic is not None and self._periodic[1] is stop:
+                self._periodic = None
+            return False
+
+    def _counted(self) -> None:
+        """The activity counter holds counts again: a process that only sends starts
+        its periodic thread to flush them, unless it runs."""
+        activity = self.activity
+        with self._mutex:
+            if activity is not None and not activity.closed:
+                self._start_periodic()
+
+    def _activity_closed(self) -> None:
+        """The activity counter is closed: a process that only sends stops its periodic thread."""
+        with self._mutex:
+            if self._serving or self._periodic is None:
+                return
+            periodic, self._periodic = self._periodic, None
+        if periodic[0] is not threading.current_thread():
+            self._join(periodic)
+
+    def _join(self, started: _Started) -> bool:
+        """Stop a periodic thread and wait for it to finish its round: at most the lease
+        period (then the process counts as dead anyway), and at least :data:`MIN_STOP_WAIT`.
+
+        Returns:
+          bool: Whether it finished.
+        """
+        thread, stop = started
+        stop.set()
+        thread.join(max(self.liveness.lease_period, MIN_STOP_WAIT) / 1000)
+        return not thread.is_alive()
+
+    def _flush(self) -> None:
+        if self.activity is not None:
+            try:
+                self.activity.flush()
+            except Exception:
+                self.logger.exception("The flush of the lock activity counts failed.")
+
+    def _reset_in_child(self) -> None:
+        """In a child forked from this process: none of the parent's threads run
+        here, and none of its queued work is this process's."""
+        self._init_state()
+        self.liveness.reset_after_fork()
+        if self.releases is not None:
+            self.releases.reset_after_fork()
+        if self.activity is not None:
+            self.activity.reset_after_fork()
+
+
+def _thread(name: str, target: Callable[[threading.Event], None]) -> _Started:
+    """A daemon thread that runs ``target`` until the event, which it is given, is set."""
+    stop = threading.Event()
+    return threading.Thread(target=target, args=(stop,), name=name, daemon=True), stop
+
+
+def _run_periodic(ref: weakref.ref[Runtime], interval: float, stop: threading.Event) -> None:
+    """The periodic thread: a round every ``interval`` seconds until ``stop`` is set, the
+    round says it is the last, or the runtime is gone."""
+    while not stop.wait(interval):
+        runtime = ref()
+        if runtime is None:
+            return
+        try:
+            if not runtime._round(stop):
+                return
+        except Exception:  # the thread must outlive anything
+            runtime.logger.exception("The periodic thread of worker %r failed.", runtime.liveness.worker_id)
+        del runtime
+
+
+def _reset_in_child(ref: weakref.ref[Runtime]) -> None:
+    runtime = ref()
+    if runtime is not None:
+        runtime._reset_in_child()
+
+
+def _close_activity(ref: weakref.ref[Runtime]) -> None:
+    runtime = ref()
+    if runtime is not None and runtime.activity is not None:
+        runtime.activity.close()
