@@ -312,7 +312,7 @@ class MessageLock:
         """
         if not self.holds_enqueue or self.enqueue_expires_at is None:
             return
-        # The expiry is on the backend's clock (SPEC S3); without an estimate of it, ask the backend.
+        # The expiry is on the backend's clock; without an estimate of it, ask the backend.
         now = self.liveness.backend_time() if self.liveness is not None else None
         if now is not None and now < self.enqueue_expires_at - LAPSE_MARGIN:
             return
@@ -320,7 +320,7 @@ class MessageLock:
 
     def _retake_lapsed_enqueue(self) -> None:
         previous = self.enqueue_token if self.holds_enqueue else None
-        # Recorded as running: a newer message never takes a running holder's place (C4).
+        # Recorded as running: a newer message never takes a running holder's place.
         acquisition = self.acquire_enqueue(may_replace=False, holder=self._running_holder(enqueue_lock=True))
         # Without a place before, the claim that found it lapsed said so already.
         if previous is not None and acquisition.token != previous:
@@ -486,9 +486,9 @@ class MessageLock:
             state=state,
             worker_id=worker_id,
             # A place in the enqueue lock, queued or running, lets the orphan reaper ask a
-            # RedisBroker whether its message still exists (R2; issue 8, defect 2).
+            # RedisBroker whether its message still exists.
             redis_message_id=self.message.options.get("redis_message_id") if enqueue_lock else None,
-            # Only a message that checks at start whether it was replaced may be (C4): one
+            # Only a message that checks at start whether it was replaced may be: one
             # whose actor replaces, and that no group or pipeline waits for.
             replaceable=state == "queued"
             and self.config.client_strategy.replaces_queued_holders

@@ -211,12 +211,12 @@ class Reaper:
             if record.expires_at is not None and record.expires_at <= now:
                 continue  # lapsed: the next operation on the lock drops it
             # Only run locks end with their worker. An enqueue lock recorded as running (replace)
-            # belongs to a message the broker redelivers when its worker dies (issue 8, defect 2).
+            # belongs to a message the broker redelivers when its worker dies.
             if record.kind == RUN:
                 worker = record.holder.get("worker_id")
                 until = alive_until.get(worker) if isinstance(worker, str) else None
                 # Each worker says how long it counts as alive: its heartbeat plus its own lease
-                # period (issue 8, defect 5). A worker missing from the registry (forgotten after
+                # period. A worker missing from the registry (forgotten after
                 # it died, or not registered yet) may still run: its lock is left to its lease.
                 if until is not None and until <= now:
                     self._release(record, report, f"its worker {worker!r} stopped sending heartbeats")

@@ -53,7 +53,7 @@ class Conflict:
         """Log the one line that says what became of the duplicate, and why."""
         message_id = self.message.message_id
         if message_id in self.holders:
-            # A redelivery met the run lock of its own earlier attempt (L7): it waits for that attempt.
+            # A redelivery met the run lock of its own earlier attempt: it waits for that attempt.
             others = "".join(f" and by message {holder!r}" for holder in self.holders if holder != message_id)
             self.logger.log(
                 level,

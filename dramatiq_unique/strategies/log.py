@@ -6,7 +6,7 @@ from dramatiq.middleware import SkipMessage
 
 from ..errors import EnqueueCancelled
 from ..outcome import DUPLICATE, EnqueueOutcome, record_outcome
-from .base import Conflict, ConflictStrategy
+from .base import CLIENT, Conflict, ConflictStrategy
 
 
 class Log(ConflictStrategy):
@@ -31,6 +31,4 @@ class Log(ConflictStrategy):
         raise SkipMessage("The message is a duplicate of a running message.")
 
     def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
-        from .base import CLIENT
-
         return "be dropped" if side == CLIENT else "be dropped without running"

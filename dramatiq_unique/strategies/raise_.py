@@ -3,7 +3,7 @@ from __future__ import annotations
 import logging
 
 from ..errors import DuplicateMessage, LockConflict
-from .base import Conflict, ConflictStrategy
+from .base import CLIENT, Conflict, ConflictStrategy
 
 
 class Raise(ConflictStrategy):
@@ -34,6 +34,4 @@ class Raise(ConflictStrategy):
         )
 
     def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
-        from .base import CLIENT
-
         return "make send() raise DuplicateMessage" if side == CLIENT else "fail with LockConflict, to be retried"

@@ -7,6 +7,7 @@ from dramatiq.middleware import SkipMessage
 
 from ..events import RESCHEDULED as RESCHEDULED_EVENT
 from ..outcome import enqueue_outcome, record_outcome, send_later
+from ..presentation import format_duration
 from .base import Conflict, ConflictStrategy
 from .reject import Reject
 
@@ -71,6 +72,4 @@ class Reschedule(ConflictStrategy):
         if max_reschedules == 0:
             # The first conflict is one reschedule too many already.
             return Reject().explain(side, reschedule_delay=reschedule_delay, max_reschedules=max_reschedules)
-        from ..presentation import format_duration
-
         return f"be rescheduled to try again in {format_duration(reschedule_delay)}"
