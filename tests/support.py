@@ -199,6 +199,16 @@ def plant_dead_workers_run_lock(backend, digest: str, *, actor: str = "sync") ->
     assert backend.acquire(f"dramatiq-unique:{{{digest}}}:run", "owner", limit=1, ttl=60_000, holder=holder).acquired
 
 
+def scan_all(backend: LockBackend) -> list[Any]:
+    """Every record, through as many scan steps as it takes (a cluster is scanned node by node)."""
+    records, cursor = [], "0"
+    while True:
+        cursor, step = backend.scan("dramatiq-unique", cursor, 10)
+        records.extend(step)
+        if cursor == "0":
+            return records
+
+
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

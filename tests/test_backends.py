@@ -16,6 +16,8 @@ import redis
 from dramatiq_unique import InvalidBackendOptions, LockBackendError, RedisBackend, StubBackend
 from dramatiq_unique.backends import Holder
 
+from .support import scan_all
+
 
 def holder(message_id: str, state: str = "queued", *, replaceable: bool = True) -> Holder:
     return Holder(
@@ -439,16 +441,6 @@ def test_scan_visits_every_lock_in_bounded_steps(backend):
     record = next(r for r in seen if r.owner == "m3")
     assert record.holder["message_id"] == "m3" and record.holder["state"] == "queued"
     assert record.expires_at == record.acquired_at + 60_000 and record.token > 0
-
-
-def scan_all(backend) -> list:
-    """Every record, through as many scan steps as it takes (a cluster is scanned node by node)."""
-    records, cursor = [], "0"
-    while True:
-        cursor, step = backend.scan("dramatiq-unique", cursor, 10)
-        records.extend(step)
-        if cursor == "0":
-            return records
 
 
 def test_free_locks_give_the_scan_nothing(backend):

@@ -15,7 +15,7 @@ from dramatiq_unique import Locks, RedisBackend, StubBackend, enqueue_outcome, r
 from dramatiq_unique.backends import Holder
 from dramatiq_unique.keys import registry_key
 
-from .support import Gate, wait_for
+from .support import Gate, scan_all, wait_for
 
 #: Ids that are, or look like, the names of a lock's own fields and their escaped forms.
 FIELD_LIKE_IDS = ["fence", "names", "@fence", "@names", "@@fence", "@", "@x", "f"]
@@ -102,15 +102,6 @@ def backend(request):
         return StubBackend()
     name = "cluster_client" if request.param == "cluster" else "redis_client"
     return RedisBackend(client=request.getfixturevalue(name))
-
-
-def scan_all(backend) -> list:
-    records, cursor = [], "0"
-    while True:
-        cursor, step = backend.scan("dramatiq-unique", cursor, 10)
-        records.extend(step)
-        if cursor == "0":
-            return records
 
 
 def test_owners_named_like_the_locks_fields_are_holders_like_any_other(backend):
