@@ -1,4 +1,4 @@
-"""The locks of one message, in the operations lock types are written in."""
+"""The locks of one message and the transitions on them: acquire, claim, swap, release."""
 
 from __future__ import annotations
 
