@@ -1,0 +1,188 @@
+"""A real Django project: django_dramatiq builds ``"dramatiq_unique.UniqueJobs"`` from its dotted
+path with no arguments, and ``manage.py rundramatiq`` runs the example shop of docs/django.md
+(examples/django_shop) against a real redis-server and a real RabbitMQ (issue 19, point 2).
+
+Each test copies the shop into its own directory and runs ``manage.py`` as the user would, as
+subprocesses: sends from ``manage.py shell``, a worker from ``manage.py rundramatiq``, stopped with
+SIGTERM. The receipts the actor writes to a file are the independent record of what ran.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pika
+import pytest
+
+from dramatiq_unique import Locks, RedisBackend
+
+from .support import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "django_shop"
+
+#: Sends a receipt for each order id given and prints what each send() did.
+SEND = """
+from dramatiq_unique import enqueue_outcome
+from orders.tasks import send_receipt
+for order_id in {order_ids!r}:
+    print(enqueue_outcome(send_receipt.send(order_id)).status)
+"""
+
+#: The shop on RabbitMQ with no lock store named: a mistake the user must be told about at start-up.
+NO_LOCKS_SETTINGS = """
+from .rabbitmq_settings import *  # noqa: F403
+
+del DRAMATIQ_UNIQUE  # noqa: F821
+"""
+
+NO_LOCK_STORE = (
+    "dramatiq_unique.errors.InvalidBackendOptions: UniqueJobs was given no lock backend, and its broker, "
+    "a RabbitmqBroker, is no RedisBroker whose Redis could hold the locks. To name the Redis of the locks, "
+    "set the DRAMATIQ_UNIQUE_URL environment variable to a Redis URL; or, in a Django project, set "
+    'DRAMATIQ_UNIQUE = {"BACKEND_OPTIONS": {"url": "redis://..."}} in its settings; or pass '
+    "UniqueJobs(backend=RedisBackend(url=...))."
+)
+
+RECEIPT = "receipt for order 42"
+
+
+class Shop:
+    """The example shop, copied to ``path``, run with ``settings`` and ``variables`` in its environment."""
+
+    def __init__(self, path: Path, settings: str, variables: dict[str, str]):
+        self.path = path
+        self.env = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in ("DRAMATIQ_UNIQUE_URL", "DJANGO_SETTINGS_MODULE", "REDIS_URL")
+        }
+        # dramatiq_unique from this checkout, as in the rest of the tests.
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), self.env.get("PYTHONPATH")]))
+        self.env["DJANGO_SETTINGS_MODULE"] = settings
+        self.env.update(variables)
+        self.log = path / "rundramatiq.log"
+
+    def manage(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=self.path, env=self.env, capture_output=True, text=True, timeout=60
+        )
+
+    def send(self, *order_ids: int) -> list[str]:
+        """What each send() did, as printed by ``manage.py shell``."""
+        result = self.manage("shell", "--verbosity", "0", "--command", SEND.format(order_ids=order_ids))
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split()
+
+    def rundramatiq(self) -> subprocess.Popen[bytes]:
+        with self.log.open("wb") as log:
+            # rundramatiq execs dramatiq in its own process: the pid is Dramatiq's main process.
+            return subprocess.Popen(
+                [sys.executable, "manage.py", "rundramatiq", "--processes", "1", "--threads", "2"],
+                cwd=self.path,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def receipts(self) -> list[str]:
+        receipts = self.path / "receipts.log"
+        return receipts.read_text().splitlines() if receipts.exists() else []
+
+
+@pytest.fixture
+def copy_shop(tmp_path):
+    def copy(settings: str, **variables: str) -> Shop:
+        path = tmp_path / "shop"
+        shutil.copytree(EXAMPLE, path, ignore=shutil.ignore_patterns("__pycache__", "*.log", "*.sqlite3"))
+        (path / "shop" / "no_locks_settings.py").write_text(NO_LOCKS_SETTINGS)
+        return Shop(path, settings, variables)
+
+    return copy
+
+
+@pytest.fixture
+def receipts_queue(rabbitmq_url):
+    """The shop's queue on RabbitMQ, empty before and after the test."""
+
+    def delete() -> None:
+        connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+        try:
+            channel = connection.channel()
+            for name in ("receipts", "receipts.DQ", "receipts.XQ"):
+                channel.queue_delete(name)
+        finally:
+            connection.close()
+
+    delete()
+    yield rabbitmq_url
+    delete()
+
+
+def with_db(redis_url: str, db: int) -> str:
+    return redis_url.rpartition("/")[0] + f"/{db}"
+
+
+def run_the_shop(shop: Shop, locks: Locks) -> None:
+    """A receipt asked for twice is sent once; the worker starts, and stops on SIGTERM leaving
+    no lock and no worker behind."""
+    assert shop.send(42, 42) == ["enqueued", "duplicate"]
+    held = [(h.actor, h.queue, h.state) for lock in locks.list() for h in lock.holders]
+    assert held == [("send_receipt", "receipts", "queued")]
+
+    worker = shop.rundramatiq()
+    try:
+        wait_for(lambda: shop.receipts() == [RECEIPT], timeout=30)
+        assert shop.send(42) == ["enqueued"]  # the lock went with the run
+        wait_for(lambda: len(shop.receipts()) == 2, timeout=30)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0, shop.log.read_text()
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+    log = shop.log.read_text()
+    assert "Worker has been shut down." in log
+    assert "Traceback" not in log and "ERROR" not in log and "CRITICAL" not in log, log
+    assert shop.receipts() == [RECEIPT, RECEIPT]
+    assert list(locks.list()) == []
+    assert locks.workers()[1] == ()
+
+
+@pytest.mark.slow
+def test_redis_broker_keeps_the_locks_on_its_own_redis(copy_shop, redis_url):
+    shop = copy_shop("shop.settings", REDIS_URL=redis_url)
+    run_the_shop(shop, Locks(RedisBackend(url=redis_url)))
+
+
+@pytest.mark.slow
+def test_rabbitmq_with_the_lock_store_in_the_django_setting(copy_shop, redis_url, receipts_queue):
+    locks_url = with_db(redis_url, 2)
+    shop = copy_shop("shop.rabbitmq_settings", RABBITMQ_URL=receipts_queue, LOCKS_REDIS_URL=locks_url)
+    run_the_shop(shop, Locks(RedisBackend(url=locks_url)))
+
+
+@pytest.mark.slow
+def test_rabbitmq_with_the_lock_store_in_the_environment(copy_shop, redis_url, receipts_queue):
+    locks_url = with_db(redis_url, 3)
+    shop = copy_shop("shop.no_locks_settings", RABBITMQ_URL=receipts_queue, DRAMATIQ_UNIQUE_URL=locks_url)
+    run_the_shop(shop, Locks(RedisBackend(url=locks_url)))
+
+
+def test_no_lock_store_stops_the_start_up_and_says_what_to_set(copy_shop, receipts_queue):
+    shop = copy_shop("shop.no_locks_settings", RABBITMQ_URL=receipts_queue)
+
+    worker = shop.manage("rundramatiq", "--processes", "1", "--threads", "2")
+    assert worker.returncode != 0
+    assert worker.stderr.splitlines()[-1] == NO_LOCK_STORE
+    # The web process, or anything that sends, stops where it imports the actors: no send is dropped.
+    sender = shop.manage("shell", "--command", "import orders.tasks")
+    assert sender.returncode != 0
+    assert sender.stderr.splitlines()[-1] == NO_LOCK_STORE
+    assert shop.receipts() == []
