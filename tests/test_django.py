@@ -3,7 +3,7 @@ path with no arguments, and ``manage.py rundramatiq`` runs the example shop of d
 (examples/django_shop) against a real redis-server and a real RabbitMQ (issue 19, point 2).
 
 Each test copies the shop into its own directory and runs ``manage.py`` as the user would, as
-subprocesses: sends from ``manage.py shell``, a worker from ``manage.py rundramatiq``, stopped with
+subprocesses: sends from ``manage.py send_receipt``, a worker from ``manage.py rundramatiq``, stopped with
 SIGTERM. The receipts the actor writes to a file are the independent record of what ran.
 """
 
@@ -25,14 +25,6 @@ from .support import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "django_shop"
-
-#: Sends a receipt for each order id given and prints what each send() did.
-SEND = """
-from dramatiq_unique import enqueue_outcome
-from orders.tasks import send_receipt
-for order_id in {order_ids!r}:
-    print(enqueue_outcome(send_receipt.send(order_id)).status)
-"""
 
 #: The shop on RabbitMQ with no lock store named: a mistake the user must be told about at start-up.
 NO_LOCKS_SETTINGS = """
@@ -74,10 +66,10 @@ class Shop:
         )
 
     def send(self, *order_ids: int) -> list[str]:
-        """What each send() did, as printed by ``manage.py shell``."""
-        result = self.manage("shell", "--verbosity", "0", "--command", SEND.format(order_ids=order_ids))
+        """What each send() did, as ``manage.py send_receipt`` prints it."""
+        result = self.manage("send_receipt", *map(str, order_ids))
         assert result.returncode == 0, result.stderr
-        return result.stdout.split()
+        return result.stdout.splitlines()
 
     def rundramatiq(self) -> subprocess.Popen[bytes]:
         with self.log.open("wb") as log:
@@ -132,14 +124,14 @@ def with_db(redis_url: str, db: int) -> str:
 def run_the_shop(shop: Shop, locks: Locks) -> None:
     """A receipt asked for twice is sent once; the worker starts, and stops on SIGTERM leaving
     no lock and no worker behind."""
-    assert shop.send(42, 42) == ["enqueued", "duplicate"]
+    assert shop.send(42, 42) == ["order 42: enqueued", "order 42: duplicate"]
     held = [(h.actor, h.queue, h.state) for lock in locks.list() for h in lock.holders]
     assert held == [("send_receipt", "receipts", "queued")]
 
     worker = shop.rundramatiq()
     try:
         wait_for(lambda: shop.receipts() == [RECEIPT], timeout=30)
-        assert shop.send(42) == ["enqueued"]  # the lock went with the run
+        assert shop.send(42) == ["order 42: enqueued"]  # the lock went with the run
         wait_for(lambda: len(shop.receipts()) == 2, timeout=30)
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=60) == 0, shop.log.read_text()
@@ -182,7 +174,7 @@ def test_no_lock_store_stops_the_start_up_and_says_what_to_set(copy_shop, receip
     assert worker.returncode != 0
     assert worker.stderr.splitlines()[-1] == NO_LOCK_STORE
     # The web process, or anything that sends, stops where it imports the actors: no send is dropped.
-    sender = shop.manage("shell", "--command", "import orders.tasks")
+    sender = shop.manage("send_receipt", "42")
     assert sender.returncode != 0
     assert sender.stderr.splitlines()[-1] == NO_LOCK_STORE
     assert shop.receipts() == []
