@@ -75,7 +75,7 @@ class UniqueJobs(Middleware):
     Parameters:
       backend(LockBackend): Where locks are stored. Leave it out, as django_dramatiq
         does with a dotted path, and the middleware chooses one when it meets its
-        broker: see :meth:`resolve_backend`.
+        broker: see :meth:`~dramatiq_unique.UniqueJobs.resolve_backend`.
       lock(str): The lock type: ``"until_executing"``, ``"until_executed"``,
         ``"until_expired"``, ``"while_executing"`` or ``"until_and_while_executing"``.
         ``None`` (the default) leaves actors without uniqueness.
@@ -247,12 +247,9 @@ class UniqueJobs(Middleware):
 
     @property
     def backend(self) -> LockBackend:
-        """Where locks are stored: the backend given, else the one chosen when the
-        middleware met its broker (see :meth:`resolve_backend`).
-
-        Raises:
-          UniqueError: If none was given and none was chosen yet.
-        """
+        """The lock backend, the one given or else the one chosen when the middleware
+        met its broker (see :meth:`~dramatiq_unique.UniqueJobs.resolve_backend`).
+        Reading it before either raises :class:`~dramatiq_unique.errors.UniqueError`."""
         if self._backend is None:
             raise UniqueError(
                 "UniqueJobs was given no lock backend and has not chosen one yet: it chooses when it meets its "

@@ -1,5 +1,5 @@
 """A real Django project: django_dramatiq builds ``"dramatiq_unique.UniqueJobs"`` from its dotted
-path with no arguments, and ``manage.py rundramatiq`` runs the example shop of docs/django.md
+path with no arguments, and ``manage.py rundramatiq`` runs the example shop of docs/integrations/django.md
 (examples/django_shop) against a real redis-server and a real RabbitMQ (issue 19, point 2).
 
 Each test copies the shop into its own directory and runs ``manage.py`` as the user would, as
@@ -62,7 +62,12 @@ class Shop:
 
     def manage(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=self.path, env=self.env, capture_output=True, text=True, timeout=60
+            [sys.executable, "manage.py", *args],
+            cwd=self.path,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
 
     def send(self, *order_ids: int) -> list[str]:
@@ -178,3 +183,50 @@ def test_no_lock_store_stops_the_start_up_and_says_what_to_set(copy_shop, receip
     assert sender.returncode != 0
     assert sender.stderr.splitlines()[-1] == NO_LOCK_STORE
     assert shop.receipts() == []
+
+
+STUB_SETTINGS = """
+from .settings import *  # noqa: F403
+from .settings import DRAMATIQ_BROKER
+
+DRAMATIQ_BROKER = {**DRAMATIQ_BROKER, "BROKER": "dramatiq.brokers.stub.StubBroker", "OPTIONS": {}}
+DRAMATIQ_UNIQUE = %s
+"""
+
+
+def test_the_setting_names_any_lock_backend_class(copy_shop):
+    # The test settings of a project: StubBroker, and the locks in memory.
+    shop = copy_shop("shop.stub_settings")
+    (shop.path / "shop" / "stub_settings.py").write_text(STUB_SETTINGS % '{"BACKEND": "dramatiq_unique.StubBackend"}')
+
+    assert shop.send(42, 42) == ["order 42: enqueued", "order 42: duplicate"]
+
+
+@pytest.mark.parametrize(
+    "setting, error",
+    [
+        (
+            '{"URL": "redis://localhost:6379/1"}',
+            'The Django setting DRAMATIQ_UNIQUE must be a dict with the keys "BACKEND" (a dotted path to a lock '
+            "backend class, 'dramatiq_unique.RedisBackend' when left out) and \"BACKEND_OPTIONS\" (its keyword "
+            'arguments), e.g. {"BACKEND_OPTIONS": {"url": "redis://..."}}.',
+        ),
+        (
+            '{"BACKEND": "dramatiq.results.backends.RedisBackend"}',
+            "DRAMATIQ_UNIQUE['BACKEND'] is 'dramatiq.results.backends.RedisBackend', which is no LockBackend "
+            "class, e.g. 'dramatiq_unique.RedisBackend' or 'dramatiq_unique.StubBackend'.",
+        ),
+        (
+            '{"BACKEND_OPTIONS": {"urll": "redis://localhost:6379/1"}}',
+            "DRAMATIQ_UNIQUE['BACKEND_OPTIONS'] has arguments that RedisBackend does not take (urll): ",
+        ),
+    ],
+)
+def test_a_setting_that_cannot_be_used_stops_the_start_up(copy_shop, setting, error):
+    shop = copy_shop("shop.stub_settings")
+    (shop.path / "shop" / "stub_settings.py").write_text(STUB_SETTINGS % setting)
+
+    result = shop.manage("send_receipt", "42")
+    assert result.returncode != 0
+    last_line = result.stderr.splitlines()[-1]
+    assert last_line.startswith("dramatiq_unique.errors.InvalidBackendOptions: " + error), last_line
