@@ -9,6 +9,7 @@ SIGTERM. The receipts the actor writes to a file are the independent record of w
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -61,8 +62,17 @@ class Shop:
         self.log = path / "rundramatiq.log"
 
     def manage(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run("manage.py", *args)
+
+    def listed_locks(self) -> list[tuple[str, str]]:
+        """The actor and state of each holder that ``dramatiq-unique list`` shows in the project."""
+        result = self.run("-m", "dramatiq_unique", "--path", ".", "--app", "django_dramatiq.setup", "list", "--json")
+        assert result.returncode == 0, result.stderr
+        return [(lock["actor"], holder["state"]) for lock in json.loads(result.stdout) for holder in lock["holders"]]
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "manage.py", *args],
+            [sys.executable, *args],
             cwd=self.path,
             env=self.env,
             capture_output=True,
@@ -132,6 +142,7 @@ def run_the_shop(shop: Shop, locks: Locks) -> None:
     assert shop.send(42, 42) == ["order 42: enqueued", "order 42: duplicate"]
     held = [(h.actor, h.queue, h.state) for lock in locks.list() for h in lock.holders]
     assert held == [("send_receipt", "receipts", "queued")]
+    assert shop.listed_locks() == [("send_receipt", "queued")]
 
     worker = shop.rundramatiq()
     try:
