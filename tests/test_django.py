@@ -241,3 +241,31 @@ def test_a_setting_that_cannot_be_used_stops_the_start_up(copy_shop, setting, er
     assert result.returncode != 0
     last_line = result.stderr.splitlines()[-1]
     assert last_line.startswith("dramatiq_unique.errors.InvalidBackendOptions: " + error), last_line
+
+
+PREFIXES_IN_USE = """
+import dramatiq
+from dramatiq_unique import UniqueJobs
+for middleware in dramatiq.get_broker().middleware:
+    if isinstance(middleware, UniqueJobs):
+        print(*middleware.lock_prefixes)
+"""
+
+
+def test_an_instance_in_the_middleware_list_takes_options_and_chooses_its_backend(copy_shop):
+    # django_dramatiq takes instances as they are: the way to give UniqueJobs options in Django.
+    shop = copy_shop("shop.stub_settings")
+    settings = STUB_SETTINGS % '{"BACKEND": "dramatiq_unique.StubBackend"}'
+    settings += (
+        "from dramatiq_unique import UniqueJobs\n"
+        "DRAMATIQ_BROKER['MIDDLEWARE'] = [\n"
+        "    UniqueJobs(lock_prefix='shop') if path == 'dramatiq_unique.UniqueJobs' else path\n"
+        "    for path in DRAMATIQ_BROKER['MIDDLEWARE']\n"
+        "]\n"
+    )
+    (shop.path / "shop" / "stub_settings.py").write_text(settings)
+
+    assert shop.send(42, 42) == ["order 42: enqueued", "order 42: duplicate"]
+    # The broker holds that instance, with its option.
+    shown = shop.manage("shell", "--verbosity", "0", "--command", PREFIXES_IN_USE)
+    assert shown.stdout.split() == ["shop"], shown.stderr
