@@ -194,7 +194,7 @@ class UniqueJobs(Middleware):
             reschedule_delay=reschedule_delay,
             max_reschedules=max_reschedules,
         )
-        self.configs = ActorConfigs(self.defaults)
+        self.configs = ActorConfigs(self.defaults, logger=self.logger)
         locks = LockFactory(
             backend=backend, logger=self.logger, liveness=self.liveness, events=self.events, releases=self.releases
         )
