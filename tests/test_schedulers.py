@@ -50,12 +50,13 @@ def test_periodiq_schedules_the_reaper_declared_with_its_periodic_option(periodi
     # that have a periodic option, and sends those that are due now (every minute is, here).
     periodic_actors = [actor for actor in broker.actors.values() if "periodic" in actor.options]
     assert periodic_actors == [reaper]
-    previous = signal.getsignal(signal.SIGALRM)
+    # It sets an alarm for its next minute; pytest-timeout's alarm and handler are put back.
+    handler, timer = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)
     try:
         Scheduler(actors=periodic_actors).schedule()
     finally:
-        signal.alarm(0)  # the alarm it set for the next minute
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_REAL, *timer)
+        signal.signal(signal.SIGALRM, handler)
 
     worker = Worker(broker, worker_timeout=100, worker_threads=1)
     worker.start()
