@@ -187,9 +187,13 @@ class Runtime:
                     "Its place in the worker registry lapses; the orphan reaper or lock_ttl frees what it held.",
                     self.liveness.worker_id,
                 )
-                return
-            self._flush()
-            self.liveness.leave()
+            else:
+                self._flush()
+                self.liveness.leave()
+            # A count starts the thread of a process that only sends only when none waits: counts
+            # left unflushed here would otherwise wait for the exit of a process that goes on sending.
+            if self.activity is not None and self.activity.pending:
+                self._counted()
 
     # The periodic thread ---------------------------------------------------------------
 
