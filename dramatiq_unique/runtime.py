@@ -244,7 +244,12 @@ class Runtime:
         activity = self.activity
         with self._mutex:
             if activity is not None and not activity.closed:
-                self._start_periodic()
+                try:
+                    self._start_periodic()
+                except RuntimeError:
+                    # Python starts no thread at interpreter shutdown (a send from an exit
+                    # handler): the flush at exit takes these counts.
+                    pass
 
     def _activity_closed(self) -> None:
         """The activity counter is closed: a process that only sends stops its periodic thread."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 from dramatiq import Worker
@@ -12,6 +14,41 @@ from dramatiq_unique.activity import read_activity
 from dramatiq_unique.errors import LockBackendError
 
 from .support import Env, wait_for
+
+#: A script that sends its last job from an exit handler, as a script or a cron job may.
+SENDS_AT_EXIT = """
+import atexit
+import sys
+import threading
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import TimeLimit
+
+from dramatiq_unique import RedisBackend, UniqueJobs
+
+broker = RedisBroker(url=sys.argv[1])
+broker.add_middleware(UniqueJobs(backend=RedisBackend(url=sys.argv[1])), before=TimeLimit)
+
+
+@dramatiq.actor(broker=broker, lock="until_executed", queue_name="at-exit")
+def settle(event_id):
+    pass
+
+
+def refuse_threads(*args):
+    raise RuntimeError("can't create new thread at interpreter shutdown")
+
+
+def last_job():
+    if sys.version_info < (3, 12):
+        # Python 3.12 and later start no thread from an exit handler: this interpreter is told to do the same.
+        threading._start_new_thread = refuse_threads
+    settle.send("e1")
+
+
+atexit.register(last_job)
+"""
 
 
 class CountsRefused(RedisBackend):
@@ -58,3 +95,17 @@ def test_counts_left_by_a_failed_flush_at_the_last_workers_stop_are_flushed_by_t
         wait_for(lambda: read_activity(backend, minutes=2).totals().get("settle", {}).get("acquired") == 2, timeout=5)
     finally:
         next(runs, None)
+
+
+def test_a_job_sent_from_an_exit_handler_of_a_process_that_only_sends_is_locked_without_an_error(
+    redis_url, redis_client
+):
+    # Issue 18: the first lock event of a process that only sends starts its periodic thread, which
+    # Python refuses at interpreter shutdown: the RuntimeError escaped before_enqueue (Dramatiq logged
+    # it as a CRITICAL "Unexpected failure") after the lock was taken, and the lock's event was lost.
+    done = subprocess.run(
+        [sys.executable, "-c", SENDS_AT_EXIT, redis_url], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "Unexpected failure" not in done.stderr, done.stderr
+    assert redis_client.llen("dramatiq:at-exit") == 1, "the job was not enqueued"
+    assert read_activity(RedisBackend(client=redis_client), minutes=2).totals() == {"settle": {"acquired": 1}}
