@@ -42,7 +42,8 @@ PERIODIC_THREAD = "dramatiq-unique-periodic"
 RELEASE_THREAD = "dramatiq-unique-releases"
 
 #: The shortest wait, in milliseconds, for the periodic thread to finish its round when the
-#: last Worker stops; the wait is the lease period when that is longer.
+#: last Worker stops, and for the release thread's next answer; the wait is the lease period
+#: when that is longer.
 MIN_STOP_WAIT = 5_000
 
 #: A started thread, and the event that tells it to stop.
@@ -167,20 +168,32 @@ class Runtime:
             if self._workers.pop(id(worker), None) is None or self._workers:
                 return
             releasing, self._release_thread = self._release_thread, None
+        sent = True
         if releasing is not None and self.releases is not None:
             # The releases go first: the periodic thread, still running, keeps those that fail
-            # to try them again. Not bounded: a warm shutdown sends every release before the
-            # worker is gone.
+            # to try them again. A warm shutdown sends every release before the worker is gone,
+            # for as long as the backend answers.
             thread, stopping = releasing
             self.releases.close(stopping)
-            thread.join()
+            sent = self._join_releases(self.releases, thread)
         with self._transition:
             with self._mutex:
                 if self._workers:
                     return  # a Worker booted meanwhile: the periodic thread is its own now
                 self._serving = False
                 periodic, self._periodic = self._periodic, None
-            if periodic is not None and not self._join(periodic):
+            if not sent:
+                if periodic is not None:
+                    periodic[1].set()
+                self.logger.error(
+                    "Worker %r stops while its release thread is still waiting for the lock backend: the enqueue "
+                    "locks of finished messages that it has not released yet stay held until the backend answers, "
+                    "or the orphan reaper or their lock_ttl frees them. It leaves without a last flush of its "
+                    "activity counts and without trying its failed releases again; its place in the worker "
+                    "registry lapses.",
+                    self.liveness.worker_id,
+                )
+            elif periodic is not None and not self._join(periodic):
                 self.logger.error(
                     "Worker %r stops while its heartbeat is still waiting for the lock backend: it leaves "
                     "without a last flush of its activity counts and without trying its failed releases again. "
@@ -269,8 +282,27 @@ class Runtime:
         """
         thread, stop = started
         stop.set()
-        thread.join(max(self.liveness.lease_period, MIN_STOP_WAIT) / 1000)
+        thread.join(self._stop_wait())
         return not thread.is_alive()
+
+    def _join_releases(self, releases: BackgroundReleases, thread: threading.Thread) -> bool:
+        """Wait for the release thread, told to stop, to send what waits: for as long as the
+        backend answers its round trips, and for the wait of :meth:`_join` after the last answer.
+
+        Returns:
+          bool: Whether it finished.
+        """
+        while True:
+            answered = releases.answered
+            thread.join(self._stop_wait())
+            if not thread.is_alive():
+                return True
+            if releases.answered == answered:
+                return False
+
+    def _stop_wait(self) -> float:
+        """Seconds to wait for a thread that talks to the backend when the last Worker stops."""
+        return max(self.liveness.lease_period, MIN_STOP_WAIT) / 1000
 
     def _flush(self) -> None:
         if self.activity is not None:

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+import signal
 import subprocess
 import sys
 import threading
+import time
 
+import redis
 from dramatiq import Worker
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
 
 from dramatiq_unique import RedisBackend, UniqueJobs
+from dramatiq_unique import runtime as runtime_module
 from dramatiq_unique.activity import read_activity
 from dramatiq_unique.errors import LockBackendError
 
 from .support import Env, wait_for
+from .test_outages import server  # noqa: F401 (fixture)
 
 #: A script that sends its last job from an exit handler, as a script or a cron job may.
 SENDS_AT_EXIT = """
@@ -26,6 +33,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import TimeLimit
 
 from dramatiq_unique import RedisBackend, UniqueJobs
+from dramatiq_unique import runtime as runtime_module
 
 broker = RedisBroker(url=sys.argv[1])
 broker.add_middleware(UniqueJobs(backend=RedisBackend(url=sys.argv[1])), before=TimeLimit)
@@ -109,3 +117,47 @@ def test_a_job_sent_from_an_exit_handler_of_a_process_that_only_sends_is_locked_
     assert "Unexpected failure" not in done.stderr, done.stderr
     assert redis_client.llen("dramatiq:at-exit") == 1, "the job was not enqueued"
     assert read_activity(RedisBackend(client=redis_client), minutes=2).totals() == {"settle": {"acquired": 1}}
+
+
+def test_the_last_worker_stops_while_its_release_thread_waits_for_a_lock_backend_that_does_not_answer(
+    server,  # noqa: F811
+    monkeypatch,
+    caplog,
+):
+    # Issue 18: the last Worker's stop() joined the release thread without a bound. With the lock
+    # backend's redis-server stopped (it accepts and never answers, and the client has no
+    # socket_timeout) while a finished message's release was on its way, the release thread waited
+    # for it, and so did the worker's shutdown, for ever: the bound given to the heartbeat's wait
+    # did not cover it.
+    monkeypatch.setattr(runtime_module, "MIN_STOP_WAIT", 200)
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=redis.Redis(port=server.port))
+    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=150, heartbeat_interval=50))
+    runs = env.run()
+    next(runs)
+    gate, running = threading.Event(), threading.Event()
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        running.set()
+        gate.wait(10)
+
+    stopper = threading.Thread(target=env.worker(threads=1).stop)
+    try:
+        settle.send("e1")
+        assert running.wait(10)
+        server.proc.send_signal(signal.SIGSTOP)
+        gate.set()  # the message finishes: its release goes to the release thread, which waits for the server
+        wait_for(lambda: not env.middleware.releases.idle)
+        time.sleep(0.1)
+        caplog.set_level(logging.ERROR, logger="dramatiq_unique")
+        stopper.start()
+        stopper.join(10)
+        assert not stopper.is_alive(), "the worker's stop() waits for the lock backend"
+        errors = [r.getMessage() for r in caplog.records if r.name.startswith("dramatiq_unique")]
+        assert len(errors) == 1 and "still waiting for the lock backend" in errors[0], errors
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        stopper.join(10)
+        next(runs, None)
