@@ -161,3 +161,34 @@ def test_the_last_worker_stops_while_its_release_thread_waits_for_a_lock_backend
         server.proc.send_signal(signal.SIGCONT)
         stopper.join(10)
         next(runs, None)
+
+
+def test_the_last_worker_stops_right_after_the_lock_backend_stopped_answering(
+    server,  # noqa: F811
+    monkeypatch,
+    caplog,
+):
+    # Issue 18: the bounded wait at shutdown covered a heartbeat already waiting for the lock
+    # backend. When the backend stopped answering between two heartbeats, the periodic thread
+    # stopped at once, and the worker's own last flush and its departure from the registry waited
+    # for the backend, for ever.
+    monkeypatch.setattr(runtime_module, "MIN_STOP_WAIT", 200)
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=redis.Redis(port=server.port))
+    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=1500, heartbeat_interval=500))
+    runs = env.run()
+    next(runs)
+    stopper = threading.Thread(target=env.worker().stop)
+    try:
+        server.proc.send_signal(signal.SIGSTOP)  # before the first round of the periodic thread
+        caplog.set_level(logging.ERROR, logger="dramatiq_unique")
+        stopper.start()
+        stopper.join(10)
+        assert not stopper.is_alive(), "the worker's stop() waits for the lock backend"
+        errors = [r.getMessage() for r in caplog.records if r.name.startswith("dramatiq_unique")]
+        assert len(errors) == 1 and "still waiting for the lock backend" in errors[0], errors
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        stopper.join(10)
+        next(runs, None)
