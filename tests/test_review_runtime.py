@@ -33,7 +33,6 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import TimeLimit
 
 from dramatiq_unique import RedisBackend, UniqueJobs
-from dramatiq_unique import runtime as runtime_module
 
 broker = RedisBroker(url=sys.argv[1])
 broker.add_middleware(UniqueJobs(backend=RedisBackend(url=sys.argv[1])), before=TimeLimit)
