@@ -161,7 +161,7 @@ class UniqueJobs(Middleware):
             reschedule_delay=reschedule_delay,
             max_reschedules=max_reschedules,
         )
-        self.configs = ActorConfigs(self.defaults)
+        self.configs = ActorConfigs(self.defaults, logger=self.logger)
         #: The lock events of this middleware's messages, its heartbeat thread and its reaper.
         self.events = Events(logger=self.logger)
         self.metrics = None if metrics is False else PrometheusMetrics(None if metrics is True else metrics)
@@ -359,17 +359,35 @@ class UniqueJobs(Middleware):
         if self._backend is not None:  # else the worker never booted: before_worker_boot chooses one or raises
             self.runtime.worker_stopped(worker)
 
-    def declare_reaper(self, broker: Broker) -> Actor[Any, Any]:
+    def declare_reaper(self, broker: Broker, **actor_options: Any) -> Actor[Any, Any]:
         """Declare the orphan reaper actor on ``broker`` (once) and return it.
 
         Send it yourself to run a reaper cycle, e.g. from a scheduler: it
         accepts ``max_passes`` (``None``: until every lock was inspected) and
         logs its report in one line. Only one runs at a time. With Dramatiq's
         ``Results`` middleware on the broker, it also returns the report as a dict.
+
+        Parameters:
+          broker(dramatiq.Broker): The broker to declare it on.
+          actor_options: Options of the actor for the broker's other middleware,
+            e.g. ``periodic=cron("*/10 * * * *")`` with periodiq's middleware.
+            Once it is declared, a later call returns it, and may only repeat them.
+
+        Raises:
+          InvalidLockOptions: If an option is the reaper's own or no middleware
+            on ``broker`` declares it, or if the actor was declared with other options.
         """
         if self.reaper_actor is None:
             self.resolve_backend(broker)
-            self.reaper_actor = declare_reaper_actor(broker, self.reaper, queue_name=self.reaper_queue)
+            self.reaper_actor = declare_reaper_actor(
+                broker, self.reaper, queue_name=self.reaper_queue, actor_options=actor_options
+            )
+        elif any(self.reaper_actor.options.get(name, object()) != value for name, value in actor_options.items()):
+            raise InvalidLockOptions(
+                f"The reaper actor was already declared with the options {self.reaper_actor.options!r}; "
+                f"declare_reaper() cannot give it {actor_options!r}. Call it once, with every option, "
+                "before the worker boots."
+            )
         return self.reaper_actor
 
     def after_consumer_thread_boot(self, broker: Broker, thread: Any) -> None:

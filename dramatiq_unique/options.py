@@ -68,6 +68,11 @@ DEFAULTS: dict[str, Any] = {
     "max_reschedules": DEFAULT_MAX_RESCHEDULES,
 }
 
+#: A lock_ttl below this many milliseconds is most likely seconds written where milliseconds
+#: belong (``lock_ttl=60`` for a minute, as in Sidekiq): it is logged at WARNING, once per actor.
+#: A warning, not an error: a lock that is meant to last less than a second is valid.
+SHORT_LOCK_TTL = 1000
+
 #: The options a message may override with ``send_with_options``: all but
 #: the callable, which cannot travel with a message.
 MESSAGE_OPTIONS = frozenset(DEFAULTS) - {"lock_args_method"}
@@ -232,11 +237,16 @@ class ActorConfigs:
 
     Parameters:
       defaults(Mapping): The middleware's lock options (see :func:`lock_defaults`).
+      logger(logging.Logger): Where a lock_ttl that looks like seconds is reported.
     """
 
-    def __init__(self, defaults: Mapping[str, Any]) -> None:
+    def __init__(self, defaults: Mapping[str, Any], *, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._short_ttls_warned: set[tuple[str, int]] = set()
+        self._short_ttls_mutex = threading.Lock()
         self.defaults = dict(defaults)
         self._default = (self.defaults, resolve("UniqueJobs", self.defaults))
+        self._warn_if_short_ttl("UniqueJobs", "UniqueJobs", self._default[1])
         #: The merged options and the resolved config of each declared actor.
         self._actors: dict[str, tuple[dict[str, Any], LockConfig | None]] = {}
 
@@ -247,7 +257,9 @@ class ActorConfigs:
           InvalidLockOptions: If they are not valid.
         """
         options = {**self.defaults, **{k: v for k, v in actor.options.items() if k in DEFAULTS}}
-        config = resolve(f"Actor {actor.actor_name!r}", options)
+        subject = f"Actor {actor.actor_name!r}"
+        config = resolve(subject, options)
+        self._warn_if_short_ttl(actor.actor_name, subject, config)
         self._actors[actor.actor_name] = (options, config)
         return options
 
@@ -276,7 +288,26 @@ class ActorConfigs:
                     f"{subject} sets on_conflict={overrides['on_conflict']!r}: the client strategy 'replace' can only "
                     "be chosen for a whole actor, in its options or the middleware's."
                 )
+        self._warn_if_short_ttl(message.actor_name, subject, overridden)
         return overridden
+
+    def _warn_if_short_ttl(self, actor_name: str, subject: str, config: LockConfig | None) -> None:
+        ttl = config.lock_ttl if config is not None else None
+        if ttl is None or ttl >= SHORT_LOCK_TTL:
+            return
+        with self._short_ttls_mutex:
+            if (actor_name, ttl) in self._short_ttls_warned:
+                return
+            self._short_ttls_warned.add((actor_name, ttl))
+        self.logger.warning(
+            "%s has lock_ttl=%d: lock_ttl is in milliseconds, so its lock lapses %d ms after it is taken. "
+            "For %d seconds, write lock_ttl=%s. This is logged once per actor.",
+            subject,
+            ttl,
+            ttl,
+            ttl,
+            f"{ttl * 1000:_}",
+        )
 
 
 class MessageOptionsCheck:

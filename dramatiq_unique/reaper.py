@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -42,9 +42,11 @@ from dramatiq.common import dq_name
 from dramatiq.results import Results
 
 from .backends import Holder, LockBackend, LockRecord
+from .errors import InvalidLockOptions
 from .events import REAPED, Events, LockEvent
 from .keys import RUN, digest_of, reaper_cursor_key, reaper_leader_key, registry_key
 from .locks import LOCK_TYPES
+from .options import DEFAULTS
 
 #: The name of the orphan reaper actor.
 REAPER_ACTOR_NAME = "dramatiq_unique_reaper"
@@ -275,7 +277,9 @@ def _outlives_message(record: LockRecord) -> bool:
 # The reaper actor, and the workers that send it -----------------------------------
 
 
-def declare_reaper_actor(broker: Broker, reaper: Reaper, *, queue_name: str) -> Actor[Any, Any]:
+def declare_reaper_actor(
+    broker: Broker, reaper: Reaper, *, queue_name: str, actor_options: Mapping[str, Any] | None = None
+) -> Actor[Any, Any]:
     """Declare the orphan reaper actor on ``broker`` and return it.
 
     It runs a reaper cycle: it accepts ``max_passes`` (``None``: until every
@@ -285,7 +289,16 @@ def declare_reaper_actor(broker: Broker, reaper: Reaper, *, queue_name: str) -> 
     Parameters:
       reaper(Reaper): What it runs.
       queue_name(str): Its queue.
+      actor_options(Mapping): More options of the actor, for the broker's
+        other middleware: e.g. periodiq's ``periodic``, or ``max_retries``
+        (``0`` unless given here).
+
+    Raises:
+      InvalidLockOptions: If an option is the actor's own (its name, its queue,
+        a lock option) or no middleware on ``broker`` declares it.
     """
+    options = dict(actor_options or {})
+    check_reaper_options(broker, options)
 
     def dramatiq_unique_reaper(max_passes: int | None = None) -> dict[str, Any] | None:
         report = reaper.run(broker=broker, max_passes=max_passes)
@@ -296,10 +309,33 @@ def declare_reaper_actor(broker: Broker, reaper: Reaper, *, queue_name: str) -> 
         broker=broker,
         actor_name=REAPER_ACTOR_NAME,
         queue_name=queue_name,
-        max_retries=0,
-        lock=None,
+        **{"max_retries": 0, **options, "lock": None},
     )(dramatiq_unique_reaper)
     return actor
+
+
+def check_reaper_options(broker: Broker, options: Mapping[str, Any]) -> None:
+    """Check the options given to the reaper actor.
+
+    Raises:
+      InvalidLockOptions: Naming the option, its value and the valid choices.
+    """
+    valid = sorted(broker.actor_options - DEFAULTS.keys())
+    for name, value in options.items():
+        if name == "queue_name":
+            problem = "it is the middleware's reaper_queue: set UniqueJobs(reaper_queue=...) instead"
+        elif name in DEFAULTS or name == "actor_name":
+            problem = f"the reaper actor sets {name} itself"
+        elif name not in broker.actor_options:
+            problem = (
+                "no middleware on this broker declares it. Add the middleware that does before the reaper is declared"
+            )
+        else:
+            continue
+        raise InvalidLockOptions(
+            f"The reaper actor {REAPER_ACTOR_NAME!r} has an invalid option {name}={value!r}: {problem}. "
+            f"Valid choices on this broker are: {', '.join(repr(option) for option in valid)}."
+        )
 
 
 class ReaperTrigger:

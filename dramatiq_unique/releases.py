@@ -82,6 +82,8 @@ class BackgroundReleases:
         self._waiting: list[_Release] = []
         #: Key -> releases of it handed over and not answered yet.
         self._unsettled: dict[str, int] = {}
+        #: How many batches of releases were answered (or failed) so far: whether the thread gets on.
+        self.answered = 0
         #: The thread that serves now, and the event set when it is to stop once nothing
         #: waits; ``None`` while no thread serves in this process.
         self._serving: tuple[threading.Thread, threading.Event] | None = None
@@ -179,6 +181,7 @@ class BackgroundReleases:
                 self.retry(key, owner)
         finally:
             with self._changed:
+                self.answered += 1
                 for key, _, _ in batch:
                     left = self._unsettled[key] - 1
                     if left:

@@ -42,7 +42,8 @@ PERIODIC_THREAD = "dramatiq-unique-periodic"
 RELEASE_THREAD = "dramatiq-unique-releases"
 
 #: The shortest wait, in milliseconds, for the periodic thread to finish its round when the
-#: last Worker stops; the wait is the lease period when that is longer.
+#: last Worker stops, and for the release thread's next answer; the wait is the lease period
+#: when that is longer.
 MIN_STOP_WAIT = 5_000
 
 #: A started thread, and the event that tells it to stop.
@@ -129,6 +130,9 @@ class Runtime:
         self._serving = False
         self._periodic: _Started | None = None
         self._release_thread: _Started | None = None
+        #: The stop event of the periodic thread that, stopped by the last Worker, does the
+        #: worker's last work on its way out: a thread can be waited for with a bound, a round trip cannot.
+        self._leaving: threading.Event | None = None
 
     @property
     def running(self) -> bool:
@@ -161,35 +165,55 @@ class Runtime:
     def worker_stopped(self, worker: object) -> None:
         """Stop a worker's background work, if ``worker`` booted and is the last
         Worker of the process: called after its worker threads finished. Sends
-        the releases that wait, stops the periodic thread, flushes the activity
-        counts, tries the failed releases once more and leaves the registry."""
+        the releases that wait, then stops the periodic thread, which on its way
+        out flushes the activity counts, tries the failed releases once more and
+        leaves the registry."""
         with self._mutex:
             if self._workers.pop(id(worker), None) is None or self._workers:
                 return
             releasing, self._release_thread = self._release_thread, None
+        sent = True
         if releasing is not None and self.releases is not None:
             # The releases go first: the periodic thread, still running, keeps those that fail
-            # to try them again. Not bounded: a warm shutdown sends every release before the
-            # worker is gone.
+            # to try them again. A warm shutdown sends every release before the worker is gone,
+            # for as long as the backend answers.
             thread, stopping = releasing
             self.releases.close(stopping)
-            thread.join()
+            sent = self._join_releases(self.releases, thread)
         with self._transition:
             with self._mutex:
                 if self._workers:
                     return  # a Worker booted meanwhile: the periodic thread is its own now
                 self._serving = False
                 periodic, self._periodic = self._periodic, None
-            if periodic is not None and not self._join(periodic):
+                self._leaving = periodic[1] if sent and periodic is not None else None
+            if not sent:
+                if periodic is not None:
+                    periodic[1].set()
                 self.logger.error(
-                    "Worker %r stops while its heartbeat is still waiting for the lock backend: it leaves "
-                    "without a last flush of its activity counts and without trying its failed releases again. "
-                    "Its place in the worker registry lapses; the orphan reaper or lock_ttl frees what it held.",
+                    "Worker %r stops while its release thread is still waiting for the lock backend: the enqueue "
+                    "locks of finished messages that it has not released yet stay held until the backend answers, "
+                    "or the orphan reaper or their lock_ttl frees them. It leaves without a last flush of its "
+                    "activity counts and without trying its failed releases again; its place in the worker "
+                    "registry lapses.",
                     self.liveness.worker_id,
                 )
-                return
-            self._flush()
-            self.liveness.leave()
+            elif periodic is None:
+                self._leave()
+            elif not self._join(periodic):
+                self.logger.error(
+                    "Worker %r stops while its heartbeat is still waiting for the lock backend: its last flush of "
+                    "the activity counts, its failed releases and its departure from the worker registry wait for "
+                    "that backend in a thread that the shutdown does not wait for. If the process exits first, its "
+                    "place in the worker registry lapses; the orphan reaper or lock_ttl frees what it held.",
+                    self.liveness.worker_id,
+                )
+            else:
+                self._left(periodic[1])  # nothing left to do, unless the thread ended some other way
+            # A count starts the thread of a process that only sends only when none waits: counts
+            # left unflushed here would otherwise wait for the exit of a process that goes on sending.
+            if self.activity is not None and self.activity.pending:
+                self._counted()
 
     # The periodic thread ---------------------------------------------------------------
 
@@ -240,7 +264,12 @@ class Runtime:
         activity = self.activity
         with self._mutex:
             if activity is not None and not activity.closed:
-                self._start_periodic()
+                try:
+                    self._start_periodic()
+                except RuntimeError:
+                    # Python starts no thread at interpreter shutdown (a send from an exit
+                    # handler): the flush at exit takes these counts.
+                    pass
 
     def _activity_closed(self) -> None:
         """The activity counter is closed: a process that only sends stops its periodic thread."""
@@ -252,16 +281,51 @@ class Runtime:
             self._join(periodic)
 
     def _join(self, started: _Started) -> bool:
-        """Stop a periodic thread and wait for it to finish its round: at most the lease
-        period (then the process counts as dead anyway), and at least :data:`MIN_STOP_WAIT`.
+        """Stop a periodic thread and wait for it to finish its round, and the worker's last
+        work if it was given it: at most the lease period (then the process counts as dead
+        anyway), and at least :data:`MIN_STOP_WAIT`.
 
         Returns:
           bool: Whether it finished.
         """
         thread, stop = started
         stop.set()
-        thread.join(max(self.liveness.lease_period, MIN_STOP_WAIT) / 1000)
+        thread.join(self._stop_wait())
         return not thread.is_alive()
+
+    def _join_releases(self, releases: BackgroundReleases, thread: threading.Thread) -> bool:
+        """Wait for the release thread, told to stop, to send what waits: for as long as the
+        backend answers its round trips, and for the wait of :meth:`_join` after the last answer.
+
+        Returns:
+          bool: Whether it finished.
+        """
+        while True:
+            answered = releases.answered
+            thread.join(self._stop_wait())
+            if not thread.is_alive():
+                return True
+            if releases.answered == answered:
+                return False
+
+    def _stop_wait(self) -> float:
+        """Seconds to wait for a thread that talks to the backend when the last Worker stops."""
+        return max(self.liveness.lease_period, MIN_STOP_WAIT) / 1000
+
+    def _left(self, stop: threading.Event) -> None:
+        """The worker's last work, if the periodic thread stopped by ``stop`` is to do it
+        and has not: the last Worker stopped it, and none booted since."""
+        with self._mutex:
+            if self._leaving is not stop or self._serving:
+                return
+            self._leaving = None
+        self._leave()
+
+    def _leave(self) -> None:
+        """The worker's last work: flush the activity counts, try the failed releases once
+        more and leave the registry."""
+        self._flush()
+        self.liveness.leave()
 
     def _flush(self) -> None:
         if self.activity is not None:
@@ -289,7 +353,15 @@ def _thread(name: str, target: Callable[[threading.Event], None]) -> _Started:
 
 def _run_periodic(ref: weakref.ref[Runtime], interval: float, stop: threading.Event) -> None:
     """The periodic thread: a round every ``interval`` seconds until ``stop`` is set, the
-    round says it is the last, or the runtime is gone."""
+    round says it is the last, or the runtime is gone; then the worker's last work, if the
+    last Worker left it to this thread."""
+    _rounds(ref, interval, stop)
+    runtime = ref()
+    if runtime is not None:
+        runtime._left(stop)
+
+
+def _rounds(ref: weakref.ref[Runtime], interval: float, stop: threading.Event) -> None:
     while not stop.wait(interval):
         runtime = ref()
         if runtime is None:

@@ -49,7 +49,7 @@ def send_invoice(number: int) -> None:
     pass
 
 
-@dramatiq.actor(queue_name="payments", lock="until_executed", lock_ttl=50)
+@dramatiq.actor(queue_name="payments", lock="until_executed", lock_ttl=60_000)
 def send_reminder(number: int) -> None:
     pass
 

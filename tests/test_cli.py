@@ -85,7 +85,9 @@ def app(redis_url, monkeypatch):
         "report_a": module.build_report.send("2024-06-30"),
         "report_b": module.build_report.send("2024-06-30"),
         "invoice": module.send_invoice.send(7),
-        "reminder": module.send_reminder.send(1),
+        # A lock_ttl of 50 ms for this message only: it lapses before the commands run. On the actor, it
+        # would add the WARNING of a lock_ttl that looks like seconds to every command's stderr.
+        "reminder": module.send_reminder.send_with_options(args=(1,), lock_ttl=50),
         "sync": module.sync_account_balance.send(42),
     }
     worker = Worker(module.broker, worker_timeout=100, worker_threads=1, queues={"sync"})

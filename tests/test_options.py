@@ -392,3 +392,36 @@ def test_deeply_nested_arguments_are_locked_as_before(stub_env):
     assert canonical_json(value) == expected.encode("utf-8", "surrogatepass")
     assert enqueue_outcome(job.send(value)).enqueued
     assert not enqueue_outcome(job.send(value)).enqueued
+
+
+def test_a_lock_ttl_that_looks_like_seconds_is_logged_once_per_actor(env, caplog):
+    # Issue 19, point 4: lock_ttl=60 written in seconds, as Sidekiq users do, is 60 ms; it was silent.
+    @env.actor(lock="until_executed", lock_ttl=60)
+    def settle(event_id):
+        pass
+
+    @env.actor(lock="until_executed", lock_ttl=60_000)
+    def refund(event_id):
+        pass
+
+    settle.send("evt_1")
+    settle.send("evt_2")
+    message = refund.send_with_options(args=("evt_3",), lock_ttl=30)
+    refund.send_with_options(args=("evt_4",), lock_ttl=30)
+    assert unique_warnings(caplog) == [
+        "Actor 'settle' has lock_ttl=60: lock_ttl is in milliseconds, so its lock lapses 60 ms after it is taken. "
+        "For 60 seconds, write lock_ttl=60_000. This is logged once per actor.",
+        f"Actor 'refund' (options of message {message.message_id!r}) has lock_ttl=30: lock_ttl is in milliseconds, "
+        "so its lock lapses 30 ms after it is taken. For 30 seconds, write lock_ttl=30_000. "
+        "This is logged once per actor.",
+    ]
+
+
+def test_a_middleware_lock_ttl_that_looks_like_seconds_is_logged(caplog):
+    UniqueJobs(backend=StubBackend(), lock="until_executed", lock_ttl=999)
+    UniqueJobs(backend=StubBackend(), lock="until_executed", lock_ttl=1000)
+    UniqueJobs(backend=StubBackend(), lock_ttl=5)  # no lock by default: an actor with one is told
+    assert unique_warnings(caplog) == [
+        "UniqueJobs has lock_ttl=999: lock_ttl is in milliseconds, so its lock lapses 999 ms after it is taken. "
+        "For 999 seconds, write lock_ttl=999_000. This is logged once per actor."
+    ]
