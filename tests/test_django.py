@@ -183,8 +183,9 @@ def test_rabbitmq_with_the_lock_store_in_the_environment(copy_shop, redis_url, r
     run_the_shop(shop, Locks(RedisBackend(url=locks_url)))
 
 
-def test_no_lock_store_stops_the_start_up_and_says_what_to_set(copy_shop, receipts_queue):
-    shop = copy_shop("shop.no_locks_settings", RABBITMQ_URL=receipts_queue)
+def test_no_lock_store_stops_the_start_up_and_says_what_to_set(copy_shop):
+    # Before any connection to RabbitMQ: the broker's URL is never used.
+    shop = copy_shop("shop.no_locks_settings", RABBITMQ_URL="amqp://guest:guest@127.0.0.1:1/%2F")
 
     worker = shop.manage("rundramatiq", "--processes", "1", "--threads", "2")
     assert worker.returncode != 0
