@@ -262,7 +262,7 @@ class UniqueJobs(Middleware):
         for ``broker`` the first time the middleware met a broker: the Redis named
         by the ``DRAMATIQ_UNIQUE_URL`` environment variable, else the one of the
         Django setting ``DRAMATIQ_UNIQUE``, else the broker's own Redis when it is
-        a ``RedisBroker`` (see docs/django.md).
+        a ``RedisBroker`` (see docs/integrations/django.md).
 
         Raises:
           InvalidBackendOptions: If nothing names a lock backend, saying what to set.
