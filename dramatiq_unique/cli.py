@@ -27,6 +27,7 @@ from dramatiq import Actor, Broker
 from . import __version__
 from .activity import read_activity
 from .backends import LockBackend, RedisBackend
+from .default_backend import URL_VARIABLE
 from .errors import InvalidBackendOptions, LockArgumentsError, LockBackendError
 from .held import LockInfo
 from .keys import digest_of
@@ -47,7 +48,7 @@ RET_ABORTED = 7  # The confirmation was not given.
 RET_CHANGED = 8  # Some places changed after they were read and were left held.
 
 #: The environment variables the Redis URL of the locks is read from, in this order.
-URL_VARIABLES = ("DRAMATIQ_UNIQUE_URL", "REDIS_URL")
+URL_VARIABLES = (URL_VARIABLE, "REDIS_URL")
 
 HELP_EPILOG = """\
 The Redis URL of the locks is --url, else $DRAMATIQ_UNIQUE_URL; else, when a
@@ -126,7 +127,10 @@ class Context:
         if url:
             return connect(url)
         if self.app is not None:
-            return self.app.unique.backend
+            try:
+                return self.app.unique.resolve_backend(self.app.broker)
+            except InvalidBackendOptions as e:
+                raise CommandError(str(e), RET_URL) from None
         url = os.environ.get(URL_VARIABLES[1])
         if url:
             return connect(url)

@@ -32,7 +32,8 @@ class LockArgumentsError(UniqueError, ValueError):
 
 class InvalidBackendOptions(UniqueError, ValueError):
     """Raised when a lock backend is given connection options it cannot use, e.g. a URL that
-    cannot be parsed. Its message never quotes the URL, which may hold a password."""
+    cannot be parsed, or when a UniqueJobs given no backend finds none to use. Its message
+    never quotes the URL, which may hold a password."""
 
 
 class LockBackendError(UniqueError):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from dramatiq import Broker, Message, Middleware
@@ -14,7 +16,8 @@ from dramatiq.middleware import Retries
 
 from .backends import LockBackend
 from .client import ClientSide
-from .errors import InvalidLockOptions
+from .default_backend import default_backend
+from .errors import InvalidLockOptions, UniqueError
 from .events import Events, Subscriber
 from .keys import reaper_schedule_key
 from .lock import LockFactory
@@ -70,7 +73,9 @@ class UniqueJobs(Middleware):
     and lock events (see docs/events-and-metrics.md).
 
     Parameters:
-      backend(LockBackend): Where locks are stored.
+      backend(LockBackend): Where locks are stored. Leave it out, as django_dramatiq
+        does with a dotted path, and the middleware chooses one when it meets its
+        broker: see :meth:`~dramatiq_unique.UniqueJobs.resolve_backend`.
       lock(str): The lock type: ``"until_executing"``, ``"until_executed"``,
         ``"until_expired"``, ``"while_executing"`` or ``"until_and_while_executing"``.
         ``None`` (the default) leaves actors without uniqueness.
@@ -113,7 +118,7 @@ class UniqueJobs(Middleware):
     def __init__(
         self,
         *,
-        backend: LockBackend,
+        backend: LockBackend | None = None,
         lock: str | None = DEFAULT_LOCK,
         on_conflict: Any = DEFAULT_ON_CONFLICT,
         lock_limit: int = DEFAULT_LOCK_LIMIT,
@@ -135,7 +140,7 @@ class UniqueJobs(Middleware):
         activity: bool = DEFAULT_ACTIVITY,
     ):
         self.logger: logging.Logger = get_logger(__name__, type(self))  # type: ignore[no-untyped-call]
-        self.backend = backend
+        # Every option is checked before anything is built: a bad one leaves no thread or hook behind.
         check_middleware_options(
             lease_period=lease_period,
             heartbeat_interval=heartbeat_interval,
@@ -144,44 +149,6 @@ class UniqueJobs(Middleware):
             metrics=metrics,
             background_releases=background_releases,
         )
-        #: The lock events of this middleware's messages, its heartbeat thread and its reaper.
-        self.events = Events(logger=self.logger)
-        self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger, events=self.events)
-        self.metrics = None if metrics is False else PrometheusMetrics(None if metrics is True else metrics)
-        if self.metrics is not None:
-            self.events.subscribe(PrometheusMetrics.kinds, self.metrics)
-        self.reaper_enabled = reaper
-        self.reaper_interval = reaper_interval
-        self.reaper_queue = reaper_queue
-        self.reaper_actor: Actor[Any, Any] | None = None
-        periodic_tasks: list[Callable[[int], None]] = []
-        if reaper and reaper_interval is not None:
-            periodic_tasks.append(
-                ReaperTrigger(
-                    backend,
-                    schedule_key=reaper_schedule_key(lock_prefix),
-                    interval=reaper_interval,
-                    queue_name=reaper_queue,
-                    actor=lambda: self.reaper_actor,
-                )
-            )
-        #: The process's background work: its threads, and what they look after.
-        self.runtime = Runtime(
-            backend,
-            prefix=lock_prefix,
-            lease_period=lease_period,
-            heartbeat_interval=heartbeat_interval,
-            logger=self.logger,
-            events=self.events,
-            background_releases=background_releases,
-            activity=bool(activity),
-            periodic_tasks=periodic_tasks,
-        )
-        #: The parts of the runtime that each message's locks use.
-        self.liveness = self.runtime.liveness
-        self.releases = self.runtime.releases
-        #: The lock activity counter, ``None`` with ``activity=False``.
-        self.activity = self.runtime.activity
         self.defaults = lock_defaults(
             lock=lock,
             on_conflict=on_conflict,
@@ -195,6 +162,70 @@ class UniqueJobs(Middleware):
             max_reschedules=max_reschedules,
         )
         self.configs = ActorConfigs(self.defaults, logger=self.logger)
+        #: The lock events of this middleware's messages, its heartbeat thread and its reaper.
+        self.events = Events(logger=self.logger)
+        self.metrics = None if metrics is False else PrometheusMetrics(None if metrics is True else metrics)
+        if self.metrics is not None:
+            self.events.subscribe(PrometheusMetrics.kinds, self.metrics)
+        self.reaper_enabled = reaper
+        self.reaper_interval = reaper_interval
+        self.reaper_queue = reaper_queue
+        self.reaper_actor: Actor[Any, Any] | None = None
+        self._backend: LockBackend | None = None
+        self._choosing = threading.Lock()
+        self._compose = partial(
+            self._compose_parts,
+            lock_prefix=lock_prefix,
+            lease_period=lease_period,
+            heartbeat_interval=heartbeat_interval,
+            on_backend_error=on_backend_error,
+            background_releases=background_releases,
+            activity=bool(activity),
+        )
+        if backend is not None:
+            self._compose(backend)
+
+    def _compose_parts(
+        self,
+        backend: LockBackend,
+        *,
+        lock_prefix: str,
+        lease_period: int,
+        heartbeat_interval: int,
+        on_backend_error: str,
+        background_releases: bool,
+        activity: bool,
+    ) -> None:
+        """Build the parts that talk to the lock backend, once it is known."""
+        self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger, events=self.events)
+        periodic_tasks: list[Callable[[int], None]] = []
+        if self.reaper_enabled and self.reaper_interval is not None:
+            periodic_tasks.append(
+                ReaperTrigger(
+                    backend,
+                    schedule_key=reaper_schedule_key(lock_prefix),
+                    interval=self.reaper_interval,
+                    queue_name=self.reaper_queue,
+                    actor=lambda: self.reaper_actor,
+                )
+            )
+        #: The process's background work: its threads, and what they look after.
+        self.runtime = Runtime(
+            backend,
+            prefix=lock_prefix,
+            lease_period=lease_period,
+            heartbeat_interval=heartbeat_interval,
+            logger=self.logger,
+            events=self.events,
+            background_releases=background_releases,
+            activity=activity,
+            periodic_tasks=periodic_tasks,
+        )
+        #: The parts of the runtime that each message's locks use.
+        self.liveness = self.runtime.liveness
+        self.releases = self.runtime.releases
+        #: The lock activity counter, ``None`` with ``activity=False``.
+        self.activity = self.runtime.activity
         locks = LockFactory(
             backend=backend, logger=self.logger, liveness=self.liveness, events=self.events, releases=self.releases
         )
@@ -209,6 +240,38 @@ class UniqueJobs(Middleware):
             processed=self.worker_side.processed,
             logger=self.logger,
         )
+        # Last: the parts above are complete before any thread sees the backend as chosen.
+        self._backend = backend
+
+    # The lock backend ---------------------------------------------------------
+
+    @property
+    def backend(self) -> LockBackend:
+        """The lock backend, the one given or else the one chosen when the middleware
+        met its broker (see :meth:`~dramatiq_unique.UniqueJobs.resolve_backend`).
+        Reading it before either raises :class:`~dramatiq_unique.errors.UniqueError`."""
+        if self._backend is None:
+            raise UniqueError(
+                "UniqueJobs was given no lock backend and has not chosen one yet: it chooses when it meets its "
+                "broker (an actor declared, a worker booted, a message sent), or call resolve_backend(broker)."
+            )
+        return self._backend
+
+    def resolve_backend(self, broker: Broker) -> LockBackend:
+        """The lock backend: the one given to the constructor, else the one chosen
+        for ``broker`` the first time the middleware met a broker: the Redis named
+        by the ``DRAMATIQ_UNIQUE_URL`` environment variable, else the one of the
+        Django setting ``DRAMATIQ_UNIQUE``, else the broker's own Redis when it is
+        a ``RedisBroker`` (see docs/integrations/django.md).
+
+        Raises:
+          InvalidBackendOptions: If nothing names a lock backend, saying what to set.
+        """
+        if self._backend is None:
+            with self._choosing:
+                if self._backend is None:
+                    self._compose(default_backend(broker))
+        return self.backend
 
     @property
     def actor_options(self) -> set[str]:
@@ -217,6 +280,8 @@ class UniqueJobs(Middleware):
     @property
     def lock_prefixes(self) -> tuple[str, ...]:
         """Every lock prefix in use, the middleware's and those of the actors declared with their own."""
+        if self._backend is None:  # no actor declared yet
+            return (self.defaults["lock_prefix"],)
         return self.reaper.prefixes
 
     def lock_config(self, actor_name: str) -> LockConfig | None:
@@ -251,6 +316,8 @@ class UniqueJobs(Middleware):
         self._declare(broker, actor)
 
     def _declare(self, broker: Broker, actor: Actor[Any, Any]) -> None:
+        # The first actor declared is the start-up: a lock store that cannot be chosen stops it here.
+        self.resolve_backend(broker)
         count = sum(isinstance(m, UniqueJobs) for m in broker.middleware)
         if count > 1:
             # Each would take every lock, and each would meet the other's: while_executing
@@ -277,6 +344,7 @@ class UniqueJobs(Middleware):
     # Worker lifecycle -------------------------------------------------------
 
     def before_worker_boot(self, broker: Broker, worker: Any) -> None:
+        self.resolve_backend(broker)
         warn_if_prometheus_follows(broker, self, self.logger)
         if self.metrics is not None:
             # In a worker process, after Dramatiq's Prometheus middleware chose where values go.
@@ -288,7 +356,8 @@ class UniqueJobs(Middleware):
 
     def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:
         # After the worker threads finished their messages: the leases were renewed until then.
-        self.runtime.worker_stopped(worker)
+        if self._backend is not None:  # else the worker never booted: before_worker_boot chooses one or raises
+            self.runtime.worker_stopped(worker)
 
     def declare_reaper(self, broker: Broker, **actor_options: Any) -> Actor[Any, Any]:
         """Declare the orphan reaper actor on ``broker`` (once) and return it.
@@ -309,6 +378,7 @@ class UniqueJobs(Middleware):
             on ``broker`` declares it, or if the actor was declared with other options.
         """
         if self.reaper_actor is None:
+            self.resolve_backend(broker)
             self.reaper_actor = declare_reaper_actor(
                 broker, self.reaper, queue_name=self.reaper_queue, actor_options=actor_options
             )
@@ -326,6 +396,7 @@ class UniqueJobs(Middleware):
     # Client side -------------------------------------------------------------
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        self.resolve_backend(broker)
         self.client_side.before_enqueue(broker, message, delay)
 
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:

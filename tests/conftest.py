@@ -114,14 +114,20 @@ def make_env(request):
 
 
 @pytest.fixture
-def rabbitmq_env(redis_client):
-    """RabbitmqBroker with RedisBackend. Skips when RabbitMQ is unreachable, except in CI."""
+def rabbitmq_url() -> str:
+    """The URL of a running RabbitMQ. Skips when RabbitMQ is unreachable, except in CI."""
     try:
         pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL)).close()
     except pika.exceptions.AMQPError:
         if os.environ.get("CI"):
             raise
         pytest.skip("RabbitMQ is not running on " + RABBITMQ_URL.split("@")[-1])
+    return RABBITMQ_URL
+
+
+@pytest.fixture
+def rabbitmq_env(redis_client, rabbitmq_url):
+    """RabbitmqBroker with RedisBackend. Skips when RabbitMQ is unreachable, except in CI."""
     broker = RabbitmqBroker(url=RABBITMQ_URL)
     broker.emit_after("process_boot")
     backend = RedisBackend(client=redis_client)

@@ -468,3 +468,19 @@ def test_path_before_the_subcommand_leaves_the_subcommand_alone(tmp_path, redis_
     assert ok(cli("-P", str(tmp_path), "--url", redis_url, "list")).startswith("No locks are held")
     assert ok(cli("--url", redis_url, "-P", str(tmp_path), "list")).startswith("No locks are held")
     assert ok(cli("--url", redis_url, "-P", str(tmp_path), "-P", ".", "list")).startswith("No locks are held")
+
+
+def test_an_app_whose_unique_jobs_has_no_lock_store_is_told_what_to_set(tmp_path):
+    # Issue 19, point 2: UniqueJobs() chooses its backend for the imported broker, or says why it cannot.
+    (tmp_path / "stub_app.py").write_text(
+        "from dramatiq.brokers.stub import StubBroker\n"
+        "from dramatiq_unique import UniqueJobs\n"
+        "broker = StubBroker(middleware=[UniqueJobs()])\n"
+    )
+    line = assert_error(cli("--path", str(tmp_path), "--app", "stub_app:broker", "list"), RET_URL)
+    assert line == (
+        "dramatiq-unique: error: UniqueJobs was given no lock backend, and its broker, a StubBroker, is no "
+        "RedisBroker whose Redis could hold the locks. To name the Redis of the locks, set the DRAMATIQ_UNIQUE_URL "
+        'environment variable to a Redis URL; or, in a Django project, set DRAMATIQ_UNIQUE = {"BACKEND_OPTIONS": '
+        '{"url": "redis://..."}} in its settings; or pass UniqueJobs(backend=RedisBackend(url=...)).'
+    )

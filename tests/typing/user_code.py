@@ -15,6 +15,7 @@ from dramatiq_unique import (
     EnqueueOutcome,
     Explanation,
     HeldLock,
+    LockBackend,
     LockEvent,
     LockInfo,
     Locks,
@@ -72,3 +73,9 @@ def why_not_run() -> tuple[str, list[str]]:
 def conflicts_per_actor() -> dict[str, int]:
     report: ActivityReport = read_activity(backend, minutes=60)
     return {actor: counts.get("conflict", 0) for actor, counts in report.totals().items()}
+
+
+def backend_of_a_dotted_path(broker: dramatiq.Broker) -> LockBackend:
+    # As django_dramatiq builds it: no arguments, the backend chosen for the broker.
+    chosen_later = UniqueJobs()
+    return chosen_later.resolve_backend(broker)
