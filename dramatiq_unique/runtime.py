@@ -31,10 +31,12 @@ import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
 
+from . import native
 from .activity import ActivityCounter
 from .backends import LockBackend
 from .events import Events
 from .liveness import Liveness
+from .native import BackgroundThread, NativeEvent, NativeThread, StopEvent
 from .releases import BackgroundReleases
 
 #: The names of the threads.
@@ -46,7 +48,7 @@ RELEASE_THREAD = "dramatiq-unique-releases"
 MIN_STOP_WAIT = 5_000
 
 #: A started thread, and the event that tells it to stop.
-_Started = tuple[threading.Thread, threading.Event]
+_Started = tuple[BackgroundThread, StopEvent]
 
 
 class Runtime:
@@ -80,8 +82,14 @@ class Runtime:
         periodic_tasks: Sequence[Callable[[int], None]] = (),
     ):
         self.logger = logger
+        #: In a process that gevent monkey-patched, the periodic thread is a native thread with a
+        #: backend of its own, so that a job that keeps the gevent hub busy does not stop it.
+        self._native_backend = backend.for_native_thread() if native.gevent_patched() else None
+        #: The gevent hub of the booted Worker, which runs the periodic tasks of a native thread.
+        self._hub: object | None = None
+        periodic_backend = self._native_backend or backend
         self.liveness = Liveness(
-            backend,
+            periodic_backend,
             prefix=prefix,
             lease_period=lease_period,
             heartbeat_interval=heartbeat_interval,
@@ -96,7 +104,7 @@ class Runtime:
         )
         self.activity = (
             ActivityCounter(
-                backend,
+                periodic_backend,
                 prefix=prefix,
                 clock=self.liveness.backend_time,
                 logger=logger,
@@ -128,7 +136,7 @@ class Runtime:
         #: of the first Worker to the shutdown of the last.
         self._serving = False
         self._periodic: _Started | None = None
-        self._release_thread: _Started | None = None
+        self._release_thread: tuple[threading.Thread, threading.Event] | None = None
 
     @property
     def running(self) -> bool:
@@ -149,6 +157,9 @@ class Runtime:
                 self._workers[id(worker)] = worker
                 register, self._serving = not self._serving, True
             if register:
+                self._warn_if_greenlet_leases()
+                if self._native_backend is not None:
+                    self._hub = native.current_hub()
                 self.liveness.register()
             with self._mutex:
                 self._start_periodic()
@@ -200,23 +211,46 @@ class Runtime:
         if now is None:
             return
         self._flush()
+        if self._tasks and self._hub is not None:
+            # The tasks send messages through the broker, whose gevent sockets only the hub's thread may use.
+            native.start_in_hub(self._hub, self._run_tasks, now)
+        else:
+            self._run_tasks(now)
+
+    def _run_tasks(self, now: int) -> None:
         for task in self._tasks:
             try:
                 task(now)
             except Exception:
                 self.logger.exception("The periodic task %r failed.", task)
 
+    def _warn_if_greenlet_leases(self) -> None:
+        if native.gevent_patched() and self._native_backend is None:
+            self.logger.warning(
+                "Worker %r runs in a process that gevent monkey-patched, and its lock backend cannot be reached "
+                "from a native thread (only a RedisBackend of a plain redis:// URL or redis.Redis client can): the "
+                "leases of its run locks are renewed from a greenlet. A job that keeps the gevent hub busy for "
+                "longer than lease_period (%d ms) loses its run lock, and another copy may run beside it.",
+                self.liveness.worker_id,
+                self.liveness.lease_period,
+            )
+
     def _start_periodic(self) -> None:
         """Start the periodic thread unless it runs (the caller holds the mutex)."""
         if self._periodic is None or not self._periodic[0].is_alive():
             # The thread holds the runtime only during a round: a runtime that is gone ends it.
-            thread, stop = _thread(
-                PERIODIC_THREAD, partial(_run_periodic, weakref.ref(self), self.liveness.heartbeat_interval / 1000)
-            )
+            target = partial(_run_periodic, weakref.ref(self), self.liveness.heartbeat_interval / 1000)
+            thread: BackgroundThread
+            stop: StopEvent
+            if self._native_backend is not None:
+                stop = NativeEvent()
+                thread = NativeThread(name=PERIODIC_THREAD, target=target, stop=stop)
+            else:
+                thread, stop = _thread(PERIODIC_THREAD, target)
             thread.start()
             self._periodic = (thread, stop)
 
-    def _round(self, stop: threading.Event) -> bool:
+    def _round(self, stop: StopEvent) -> bool:
         """One round; False when the thread is to end."""
         if self._serving:
             self.tick()
@@ -248,7 +282,7 @@ class Runtime:
             if self._serving or self._periodic is None:
                 return
             periodic, self._periodic = self._periodic, None
-        if periodic[0] is not threading.current_thread():
+        if not native.is_current(periodic[0]):
             self._join(periodic)
 
     def _join(self, started: _Started) -> bool:
@@ -274,6 +308,7 @@ class Runtime:
         """In a child forked from this process: none of the parent's threads run
         here, and none of its queued work is this process's."""
         self._init_state()
+        self._hub = None
         self.liveness.reset_after_fork()
         if self.releases is not None:
             self.releases.reset_after_fork()
@@ -281,13 +316,13 @@ class Runtime:
             self.activity.reset_after_fork()
 
 
-def _thread(name: str, target: Callable[[threading.Event], None]) -> _Started:
+def _thread(name: str, target: Callable[[threading.Event], None]) -> tuple[threading.Thread, threading.Event]:
     """A daemon thread that runs ``target`` until the event, which it is given, is set."""
     stop = threading.Event()
     return threading.Thread(target=target, args=(stop,), name=name, daemon=True), stop
 
 
-def _run_periodic(ref: weakref.ref[Runtime], interval: float, stop: threading.Event) -> None:
+def _run_periodic(ref: weakref.ref[Runtime], interval: float, stop: StopEvent) -> None:
     """The periodic thread: a round every ``interval`` seconds until ``stop`` is set, the
     round says it is the last, or the runtime is gone."""
     while not stop.wait(interval):
