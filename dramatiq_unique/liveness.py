@@ -100,8 +100,10 @@ class Liveness:
         self._synced: tuple[int, float] | None = None
         #: Heartbeats that failed in a row.
         self._failed_heartbeats = 0
-        #: When the last round of the periodic thread started (our monotonic clock, s).
+        #: When the last round of the periodic thread started, and when it last went through
+        #: the leases due (our monotonic clock, s).
         self._last_round: float | None = None
+        self._renewed_at: float | None = None
 
     @property
     def worker_id(self) -> str:
@@ -138,6 +140,8 @@ class Liveness:
     def register(self) -> None:
         """The first heartbeat of a worker process, before it takes any message,
         and the departure from the registries of processes that died long ago."""
+        # The periodic thread's first round is measured from here: it may already be late.
+        self._last_round = self._renewed_at = time.monotonic()
         now = self._beat()
         if now is None:
             return
@@ -174,6 +178,7 @@ class Liveness:
         self._pending = {}
         self._failed_heartbeats = 0
         self._last_round = None
+        self._renewed_at = None
 
     # What the periodic thread looks after -----------------------------------------
 
@@ -197,7 +202,9 @@ class Liveness:
         now = self.backend_time()
         if lease is None or now is None or lease.expires_at > now:
             return
-        stalled = self._stalled_for()
+        # A round may have started since, and wait for the backend: what counts is when the
+        # leases were last all gone through.
+        stalled = self._stalled_since(self._renewed_at)
         if stalled is not None:
             self._report_stalled([key], stalled)
         else:
@@ -219,7 +226,7 @@ class Liveness:
           int: The backend's time at the heartbeat; ``None`` when it failed, and
           nothing else was tried.
         """
-        stalled = self._stalled_for()
+        stalled = self._stalled_since(self._last_round)
         self._last_round = time.monotonic()
         now = self._beat()
         if now is None:
@@ -228,12 +235,12 @@ class Liveness:
         self._retry_releases()
         return now
 
-    def _stalled_for(self) -> int | None:
-        """Milliseconds since the last round of the periodic thread started, when that is
-        longer than the lease period: a lease due meanwhile could not be renewed in time."""
-        if self._last_round is None:
+    def _stalled_since(self, at: float | None) -> int | None:
+        """Milliseconds since ``at`` (our monotonic clock), when that is longer than the lease
+        period: the periodic thread did not run on time, and a lease due meanwhile lapsed."""
+        if at is None:
             return None
-        since = int((time.monotonic() - self._last_round) * 1000)
+        since = int((time.monotonic() - at) * 1000)
         return since if since > self.lease_period else None
 
     def _beat(self) -> int | None:
@@ -305,6 +312,7 @@ class Liveness:
                     lease.expires_at = expires_at
             if expires_at is None:
                 lost.append((key, lease))
+        self._renewed_at = time.monotonic()
         if lost and stalled is not None:
             self._report_stalled([key for key, _ in lost], stalled)
         for key, lease in lost:
