@@ -15,6 +15,14 @@ A process runs at most two threads of this library, both daemons:
   background releases, from the boot of the first Worker to the shutdown of
   the last (:class:`~dramatiq_unique.releases.BackgroundReleases`).
 
+In a process that gevent monkey-patched (``dramatiq-gevent``), ``threading`` makes greenlets,
+which a job that keeps the gevent hub busy stops. The periodic thread is then a native thread
+(:mod:`dramatiq_unique.native`) on a lock backend of its own whose sockets are not gevent's
+(:meth:`~dramatiq_unique.backends.LockBackend.for_native_thread`), so that leases are renewed
+while such a job runs; its periodic tasks, which send through the broker, run in a greenlet of
+the Worker's hub. The release thread stays a greenlet: a release can wait. A backend that cannot
+be reached from a native thread keeps the periodic thread a greenlet, with a WARNING at boot.
+
 Workers are told apart by identity: a Worker that stops twice, or stops
 without having booted, stops nothing. A child forked from the process has
 none of its threads and none of its queued work: it starts threads of its
@@ -31,12 +39,20 @@ import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from . import native
 from .activity import ActivityCounter
 from .backends import LockBackend
 from .events import Events
 from .liveness import Liveness
-from .native import BackgroundThread, NativeEvent, NativeThread, StopEvent
+from .native import (
+    BackgroundThread,
+    NativeEvent,
+    NativeThread,
+    StopEvent,
+    current_hub,
+    gevent_patched,
+    is_current,
+    start_in_hub,
+)
 from .releases import BackgroundReleases
 
 #: The names of the threads.
@@ -84,7 +100,7 @@ class Runtime:
         self.logger = logger
         #: In a process that gevent monkey-patched, the periodic thread is a native thread with a
         #: backend of its own, so that a job that keeps the gevent hub busy does not stop it.
-        self._native_backend = backend.for_native_thread() if native.gevent_patched() else None
+        self._native_backend = backend.for_native_thread() if gevent_patched() else None
         #: The gevent hub of the booted Worker, which runs the periodic tasks of a native thread.
         self._hub: object | None = None
         periodic_backend = self._native_backend or backend
@@ -159,7 +175,7 @@ class Runtime:
             if register:
                 self._warn_if_greenlet_leases()
                 if self._native_backend is not None:
-                    self._hub = native.current_hub()
+                    self._hub = current_hub()
                 self.liveness.register()
             with self._mutex:
                 self._start_periodic()
@@ -213,7 +229,7 @@ class Runtime:
         self._flush()
         if self._tasks and self._hub is not None:
             # The tasks send messages through the broker, whose gevent sockets only the hub's thread may use.
-            native.start_in_hub(self._hub, self._run_tasks, now)
+            start_in_hub(self._hub, self._run_tasks, now)
         else:
             self._run_tasks(now)
 
@@ -225,7 +241,7 @@ class Runtime:
                 self.logger.exception("The periodic task %r failed.", task)
 
     def _warn_if_greenlet_leases(self) -> None:
-        if native.gevent_patched() and self._native_backend is None:
+        if gevent_patched() and self._native_backend is None:
             self.logger.warning(
                 "Worker %r runs in a process that gevent monkey-patched, and its lock backend cannot be reached "
                 "from a native thread (only a RedisBackend of a plain redis:// URL or redis.Redis client can): the "
@@ -282,7 +298,7 @@ class Runtime:
             if self._serving or self._periodic is None:
                 return
             periodic, self._periodic = self._periodic, None
-        if not native.is_current(periodic[0]):
+        if not is_current(periodic[0]):
             self._join(periodic)
 
     def _join(self, started: _Started) -> bool:
