@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from .backends import LockBackend
 from .errors import LockBackendError
@@ -48,6 +49,10 @@ def worker_id() -> str:
     if _worker_id is None or _worker_id[0] != pid:
         _worker_id = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}")
     return _worker_id[1]
+
+
+def _call(function: Callable[[], None]) -> None:
+    function()
 
 
 @dataclass
@@ -100,6 +105,10 @@ class Liveness:
         self._synced: tuple[int, float] | None = None
         #: Heartbeats that failed in a row.
         self._failed_heartbeats = 0
+        #: How the events of the periodic thread reach their subscribers: called at once, unless the
+        #: runtime hands them to the thread of the Worker (a gevent hub), where the subscribers'
+        #: own connections work.
+        self.tell: Callable[[Callable[[], None]], None] = _call
         #: When the last round of the periodic thread started, and when it last went through
         #: the leases due (our monotonic clock, s).
         self._last_round: float | None = None
@@ -179,6 +188,7 @@ class Liveness:
         self._failed_heartbeats = 0
         self._last_round = None
         self._renewed_at = None
+        self.tell = _call
 
     # What the periodic thread looks after -----------------------------------------
 
@@ -299,7 +309,11 @@ class Liveness:
                 expires_at = self.backend.renew(key, owner, ttl=self.lease_period, deadline=lease.deadline)
             except LockBackendError as e:
                 self.logger.warning("The lease of run lock %r could not be renewed: %s", key, e)
-                self.events.notify_about(lease.subject, BACKEND_ERROR, lock_kind=RUN, reason="renewal", error=e)
+                self.tell(
+                    partial(
+                        self.events.notify_about, lease.subject, BACKEND_ERROR, lock_kind=RUN, reason="renewal", error=e
+                    )
+                )
                 continue
             with self._mutex:
                 if (key, owner) not in self._leases:
@@ -318,7 +332,7 @@ class Liveness:
         for key, lease in lost:
             if stalled is None:
                 self._report_lapsed(key)
-            self.events.notify_about(lease.subject, LEASE_LOST, lock_kind=RUN)
+            self.tell(partial(self.events.notify_about, lease.subject, LEASE_LOST, lock_kind=RUN))
 
     def _report_lapsed(self, key: str) -> None:
         self.logger.warning(
@@ -360,8 +374,11 @@ class Liveness:
 
     def _backend_failed(self, what: str, error: LockBackendError) -> None:
         """Tell of a failure outside any message (a heartbeat, a release tried again)."""
-        self.events.notify(
-            BACKEND_ERROR,
-            "",
-            lambda: LockEvent(kind=BACKEND_ERROR, actor_name="", queue_name="", reason=what, error=error),
+        self.tell(
+            partial(
+                self.events.notify,
+                BACKEND_ERROR,
+                "",
+                lambda: LockEvent(kind=BACKEND_ERROR, actor_name="", queue_name="", reason=what, error=error),
+            )
         )

@@ -19,9 +19,10 @@ In a process that gevent monkey-patched (``dramatiq-gevent``), ``threading`` mak
 which a job that keeps the gevent hub busy stops. The periodic thread is then a native thread
 (:mod:`dramatiq_unique.native`) on a lock backend of its own whose sockets are not gevent's
 (:meth:`~dramatiq_unique.backends.LockBackend.for_native_thread`), so that leases are renewed
-while such a job runs; its periodic tasks, which send through the broker, run in a greenlet of
-the Worker's hub. The release thread stays a greenlet: a release can wait. A backend that cannot
-be reached from a native thread keeps the periodic thread a greenlet, with a WARNING at boot.
+while such a job runs; its periodic tasks, which send through the broker, and the lock events
+it tells, whose subscribers may use gevent sockets, run in a greenlet of the Worker's hub. The
+release thread stays a greenlet: a release can wait. A backend that cannot be reached from a
+native thread keeps the periodic thread a greenlet, with a WARNING at boot.
 
 Workers are told apart by identity: a Worker that stops twice, or stops
 without having booted, stops nothing. A child forked from the process has
@@ -176,6 +177,7 @@ class Runtime:
                 self._warn_if_greenlet_leases()
                 if self._native_backend is not None:
                     self._hub = current_hub()
+                    self.liveness.tell = partial(start_in_hub, self._hub)
                 self.liveness.register()
             with self._mutex:
                 self._start_periodic()

@@ -39,7 +39,7 @@ BACKENDS = {
 }
 
 WORKER_SCRIPT = """
-import os, time
+import ctypes, ctypes.util, os, time
 import dramatiq, redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware, TimeLimit
@@ -66,12 +66,19 @@ broker.add_middleware(Ready())
 
 
 @dramatiq.actor(
-    broker=broker, queue_name="crunch", max_retries=0, lock="while_executing", lock_args_method=lambda key, n, s: [key]
+    broker=broker,
+    queue_name="crunch",
+    max_retries=0,
+    lock="while_executing",
+    lock_args_method=lambda key, n, s, gil=False: [key],
 )
-def crunch(key, n, seconds):
+def crunch(key, n, seconds, gil=False):
     # The independent record: how many run at once when this one starts, and when it ends.
     record.rpush("test:started", f"{n} {record.incr('test:running')} {os.getpid()}")
-    deadline = time.monotonic() + seconds
+    if gil:  # a C call that keeps the GIL: no thread of the process runs meanwhile
+        ctypes.PyDLL(ctypes.util.find_library("c")).usleep(int(seconds * 1_000_000))
+        time.sleep(1.0)  # yields: the periodic thread's next round finds the lost lease first
+    deadline = time.monotonic() + (0 if gil else seconds)
     while time.monotonic() < deadline:  # CPU-bound: never yields to the gevent hub
         pass
     record.decr("test:running")
@@ -102,14 +109,16 @@ def start_gevent_workers(processes, tmp_path, redis_url, client, *, count, backe
     return cli
 
 
-def send(client, n, seconds):
-    """Enqueue ``crunch("acct", n, seconds)`` the way ``crunch.send`` in another process would."""
+def send(client, n, seconds, gil=False):
+    """Enqueue ``crunch("acct", n, seconds, gil)`` the way ``crunch.send`` in another process would."""
     from dramatiq import Message
     from dramatiq.brokers.redis import RedisBroker
 
     broker = RedisBroker(client=client)
     broker.declare_queue("crunch")
-    broker.enqueue(Message(queue_name="crunch", actor_name="crunch", args=("acct", n, seconds), kwargs={}, options={}))
+    broker.enqueue(
+        Message(queue_name="crunch", actor_name="crunch", args=("acct", n, seconds, gil), kwargs={}, options={})
+    )
 
 
 @pytest.mark.slow
@@ -176,3 +185,26 @@ def busy_run_with_duplicates(client, cli):
     log = cli.log.read().decode()
     print(f"\nruns started: {started}; most at once: {at_once}")
     return started, at_once, log
+
+
+@pytest.mark.slow
+def test_a_gevent_job_that_holds_the_gil_loses_its_lease_with_an_error_and_an_event(
+    redis_url,
+    redis_client,
+    processes,  # noqa: F811
+    tmp_path,
+):
+    # Issue 19, point 1: what even a native thread cannot ride out, a C call that keeps the GIL
+    # for three lease periods, is one ERROR naming the cause, and a lease_lost event that reaches
+    # its subscriber, which records it with the worker's own gevent client (in the worker's hub).
+    client = redis_client
+    cli = start_gevent_workers(processes, tmp_path, redis_url, client, count=1)
+    send(client, 1, BUSY, gil=True)
+    wait_for(lambda: client.llen("test:lease_lost") == 1, timeout=30)
+    wait_for(lambda: client.llen("test:finished") == 1)
+    time.sleep(3 * HEARTBEAT / 1000)  # a second report would come by now
+    cli.log.seek(0)
+    log = cli.log.read().decode()
+    errors = [line for line in log.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and "renewed no lease for" in errors[0] and "holds the GIL" in errors[0], log
+    assert client.llen("test:lease_lost") == 1
