@@ -80,10 +80,13 @@ class NativeEvent:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether the event is set, after waiting ``timeout`` seconds at most for it."""
-        if self._flag.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+        if not self._flag.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            return False
+        try:  # leave it set, for the next wait
             self._flag.release()
-            return True
-        return False
+        except RuntimeError:
+            pass  # a set() in between released it already
+        return True
 
 
 class NativeThread:
