@@ -94,7 +94,9 @@ def main():
         print(f"crunch('acct-1') computes for {busy} s, three times its lease_period of {LEASE_PERIOD} ms.")
         wait_for(lambda: record.llen(f"{PREFIX}:runs") == 1)
         started = time.monotonic()
-        for at in (1.7, 2.7, 3.7):  # each one after the lease would have lapsed, unrenewed
+        # Each one after an unrenewed lease would have lapsed, and long enough before the run ends
+        # for the other worker process, which polls an empty queue up to once a second, to take it.
+        for at in (1.7, 2.2, 2.7):
             time.sleep(max(0.0, started + at - time.monotonic()))
             crunch.send("acct-1", 0)
             print(f"  a duplicate sent {at} s in")

@@ -167,17 +167,19 @@ def test_a_gevent_worker_whose_leases_cannot_be_kept_says_so_loudly(
 
 
 def busy_run_with_duplicates(client, cli):
-    """Run ``crunch`` for three lease periods, and send duplicates 1.7, 2.7 and 3.7 s into its run.
+    """Run ``crunch`` for three lease periods, and send duplicates 1.7, 2.2 and 2.7 s into its run:
+    each after an unrenewed lease would have lapsed, and each long enough before the run ends for
+    the other worker process, which polls an empty queue up to once a second, to take it meanwhile.
 
     Returns:
       The runs started (number, how many ran at once then, pid), the most at once, the CLI's log.
     """
     send(client, 1, BUSY)
     wait_for(lambda: client.llen("test:started") == 1)
-    for n, wait in ((2, 1.7), (3, 1.0), (4, 1.0)):
+    for n, wait in ((2, 1.7), (3, 0.5), (4, 0.5)):
         time.sleep(wait)
         send(client, n, 0)
-    wait_for(lambda: client.lrange("test:finished", 0, -1) != [], timeout=30)
+    wait_for(lambda: b"1" in client.lrange("test:finished", 0, -1), timeout=30)
     time.sleep(1.0)  # a duplicate that runs now would still be recorded
     started = [line.decode().split() for line in client.lrange("test:started", 0, -1)]
     at_once = max(int(running) for _, running, _ in started)
