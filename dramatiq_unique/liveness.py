@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from .backends import LockBackend
 from .errors import LockBackendError
@@ -48,6 +49,10 @@ def worker_id() -> str:
     if _worker_id is None or _worker_id[0] != pid:
         _worker_id = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}")
     return _worker_id[1]
+
+
+def _call(function: Callable[[], None]) -> None:
+    function()
 
 
 @dataclass
@@ -100,6 +105,14 @@ class Liveness:
         self._synced: tuple[int, float] | None = None
         #: Heartbeats that failed in a row.
         self._failed_heartbeats = 0
+        #: How the events of the periodic thread reach their subscribers: called at once, unless the
+        #: runtime hands them to the thread of the Worker (a gevent hub), where the subscribers'
+        #: own connections work.
+        self.tell: Callable[[Callable[[], None]], None] = _call
+        #: When the last round of the periodic thread started, and when it last went through
+        #: the leases due (our monotonic clock, s).
+        self._last_round: float | None = None
+        self._renewed_at: float | None = None
 
     @property
     def worker_id(self) -> str:
@@ -136,6 +149,8 @@ class Liveness:
     def register(self) -> None:
         """The first heartbeat of a worker process, before it takes any message,
         and the departure from the registries of processes that died long ago."""
+        # The periodic thread's first round is measured from here: it may already be late.
+        self._last_round = self._renewed_at = time.monotonic()
         now = self._beat()
         if now is None:
             return
@@ -171,6 +186,9 @@ class Liveness:
         self._leases = {}
         self._pending = {}
         self._failed_heartbeats = 0
+        self._last_round = None
+        self._renewed_at = None
+        self.tell = _call
 
     # What the periodic thread looks after -----------------------------------------
 
@@ -187,8 +205,21 @@ class Liveness:
                 self._leases[(key, owner)] = _Lease(expires_at=expires_at, deadline=deadline, subject=subject)
 
     def drop(self, key: str, owner: str) -> None:
+        """Stop renewing this run lock: its message finished. Tells of a lease that ran out
+        meanwhile, unrenewed."""
         with self._mutex:
-            self._leases.pop((key, owner), None)
+            lease = self._leases.pop((key, owner), None)
+        now = self.backend_time()
+        if lease is None or now is None or lease.expires_at > now:
+            return
+        # A round may have started since, and wait for the backend: what counts is when the
+        # leases were last all gone through.
+        stalled = self._stalled_since(self._renewed_at)
+        if stalled is not None:
+            self._report_stalled([key], stalled)
+        else:
+            self._report_lapsed(key)
+        self.events.notify_about(lease.subject, LEASE_LOST, lock_kind=RUN)
 
     def retry_release(self, key: str, owner: str) -> None:
         """Give up ``owner``'s place at ``key`` later, if a worker runs in this
@@ -205,12 +236,22 @@ class Liveness:
           int: The backend's time at the heartbeat; ``None`` when it failed, and
           nothing else was tried.
         """
+        stalled = self._stalled_since(self._last_round)
+        self._last_round = time.monotonic()
         now = self._beat()
         if now is None:
             return None
-        self._renew_due()
+        self._renew_due(stalled)
         self._retry_releases()
         return now
+
+    def _stalled_since(self, at: float | None) -> int | None:
+        """Milliseconds since ``at`` (our monotonic clock), when that is longer than the lease
+        period: the periodic thread did not run on time, and a lease due meanwhile lapsed."""
+        if at is None:
+            return None
+        since = int((time.monotonic() - at) * 1000)
+        return since if since > self.lease_period else None
 
     def _beat(self) -> int | None:
         sent = time.monotonic()
@@ -255,19 +296,24 @@ class Liveness:
             )
             self._failed_heartbeats = 0
 
-    def _renew_due(self) -> None:
+    def _renew_due(self, stalled: int | None) -> None:
         now = self.backend_time()
         if now is None:
             return
         horizon = now + 2 * self.heartbeat_interval
         with self._mutex:
             due = [(k, lease) for k, lease in self._leases.items() if lease.expires_at <= horizon]
+        lost: list[tuple[str, _Lease]] = []
         for (key, owner), lease in due:
             try:
                 expires_at = self.backend.renew(key, owner, ttl=self.lease_period, deadline=lease.deadline)
             except LockBackendError as e:
                 self.logger.warning("The lease of run lock %r could not be renewed: %s", key, e)
-                self.events.notify_about(lease.subject, BACKEND_ERROR, lock_kind=RUN, reason="renewal", error=e)
+                self.tell(
+                    partial(
+                        self.events.notify_about, lease.subject, BACKEND_ERROR, lock_kind=RUN, reason="renewal", error=e
+                    )
+                )
                 continue
             with self._mutex:
                 if (key, owner) not in self._leases:
@@ -279,12 +325,37 @@ class Liveness:
                 else:
                     lease.expires_at = expires_at
             if expires_at is None:
-                self.logger.warning(
-                    "The run lock %r lapsed while its message was still running: its lease ran out "
-                    "before this worker renewed it. Another copy may run now.",
-                    key,
-                )
-                self.events.notify_about(lease.subject, LEASE_LOST, lock_kind=RUN)
+                lost.append((key, lease))
+        self._renewed_at = time.monotonic()
+        if lost and stalled is not None:
+            self._report_stalled([key for key, _ in lost], stalled)
+        for key, lease in lost:
+            if stalled is None:
+                self._report_lapsed(key)
+            self.tell(partial(self.events.notify_about, lease.subject, LEASE_LOST, lock_kind=RUN))
+
+    def _report_lapsed(self, key: str) -> None:
+        self.logger.warning(
+            "The run lock %r lapsed while its message was still running: its lease ran out "
+            "before this worker renewed it. Another copy may run now.",
+            key,
+        )
+
+    def _report_stalled(self, keys: list[str], stalled: int) -> None:
+        self.logger.error(
+            "The run lock(s) %s lapsed while their messages were still running, and another copy may run now: "
+            "worker %r renewed no lease for %d ms, longer than its lease_period of %d ms, because something kept "
+            "its periodic thread from running. That is a job that holds the GIL (a C extension), or, in a "
+            "monkey-patched gevent worker whose leases are renewed from a greenlet, a job that keeps the gevent "
+            "hub busy (CPU-bound code, a driver gevent has not patched). Give the lock backend as a plain "
+            "redis:// URL or client, so that a gevent worker renews from a native thread; release the GIL or "
+            "yield to the hub (gevent.sleep(0)) at least once per heartbeat interval; or choose a lease_period "
+            "longer than the longest such stretch.",
+            ", ".join(repr(key) for key in keys),
+            self.worker_id,
+            stalled,
+            self.lease_period,
+        )
 
     def _retry_releases(self) -> None:
         with self._mutex:
@@ -303,8 +374,11 @@ class Liveness:
 
     def _backend_failed(self, what: str, error: LockBackendError) -> None:
         """Tell of a failure outside any message (a heartbeat, a release tried again)."""
-        self.events.notify(
-            BACKEND_ERROR,
-            "",
-            lambda: LockEvent(kind=BACKEND_ERROR, actor_name="", queue_name="", reason=what, error=error),
+        self.tell(
+            partial(
+                self.events.notify,
+                BACKEND_ERROR,
+                "",
+                lambda: LockEvent(kind=BACKEND_ERROR, actor_name="", queue_name="", reason=what, error=error),
+            )
         )

@@ -15,6 +15,15 @@ A process runs at most two threads of this library, both daemons:
   background releases, from the boot of the first Worker to the shutdown of
   the last (:class:`~dramatiq_unique.releases.BackgroundReleases`).
 
+In a process that gevent monkey-patched (``dramatiq-gevent``), ``threading`` makes greenlets,
+which a job that keeps the gevent hub busy stops. The periodic thread is then a native thread
+(:mod:`dramatiq_unique.native`) on a lock backend of its own whose sockets are not gevent's
+(:meth:`~dramatiq_unique.backends.LockBackend.for_native_thread`), so that leases are renewed
+while such a job runs; its periodic tasks, which send through the broker, and the lock events
+it tells, whose subscribers may use gevent sockets, run in a greenlet of the Worker's hub. The
+release thread stays a greenlet: a release can wait. A backend that cannot be reached from a
+native thread keeps the periodic thread a greenlet, with a WARNING at boot.
+
 Workers are told apart by identity: a Worker that stops twice, or stops
 without having booted, stops nothing. A child forked from the process has
 none of its threads and none of its queued work: it starts threads of its
@@ -35,6 +44,16 @@ from .activity import ActivityCounter
 from .backends import LockBackend
 from .events import Events
 from .liveness import Liveness
+from .native import (
+    BackgroundThread,
+    NativeEvent,
+    NativeThread,
+    StopEvent,
+    current_hub,
+    gevent_patched,
+    is_current,
+    start_in_hub,
+)
 from .releases import BackgroundReleases
 
 #: The names of the threads.
@@ -47,7 +66,7 @@ RELEASE_THREAD = "dramatiq-unique-releases"
 MIN_STOP_WAIT = 5_000
 
 #: A started thread, and the event that tells it to stop.
-_Started = tuple[threading.Thread, threading.Event]
+_Started = tuple[BackgroundThread, StopEvent]
 
 
 class Runtime:
@@ -81,8 +100,14 @@ class Runtime:
         periodic_tasks: Sequence[Callable[[int], None]] = (),
     ):
         self.logger = logger
+        #: In a process that gevent monkey-patched, the periodic thread is a native thread with a
+        #: backend of its own, so that a job that keeps the gevent hub busy does not stop it.
+        self._native_backend = backend.for_native_thread() if gevent_patched() else None
+        #: The gevent hub of the booted Worker, which runs the periodic tasks of a native thread.
+        self._hub: object | None = None
+        periodic_backend = self._native_backend or backend
         self.liveness = Liveness(
-            backend,
+            periodic_backend,
             prefix=prefix,
             lease_period=lease_period,
             heartbeat_interval=heartbeat_interval,
@@ -97,7 +122,7 @@ class Runtime:
         )
         self.activity = (
             ActivityCounter(
-                backend,
+                periodic_backend,
                 prefix=prefix,
                 clock=self.liveness.backend_time,
                 logger=logger,
@@ -129,10 +154,10 @@ class Runtime:
         #: of the first Worker to the shutdown of the last.
         self._serving = False
         self._periodic: _Started | None = None
-        self._release_thread: _Started | None = None
+        self._release_thread: tuple[threading.Thread, threading.Event] | None = None
         #: The stop event of the periodic thread that, stopped by the last Worker, does the
         #: worker's last work on its way out: a thread can be waited for with a bound, a round trip cannot.
-        self._leaving: threading.Event | None = None
+        self._leaving: StopEvent | None = None
 
     @property
     def running(self) -> bool:
@@ -153,6 +178,10 @@ class Runtime:
                 self._workers[id(worker)] = worker
                 register, self._serving = not self._serving, True
             if register:
+                self._warn_if_greenlet_leases()
+                if self._native_backend is not None:
+                    self._hub = current_hub()
+                    self.liveness.tell = partial(start_in_hub, self._hub)
                 self.liveness.register()
             with self._mutex:
                 self._start_periodic()
@@ -224,23 +253,46 @@ class Runtime:
         if now is None:
             return
         self._flush()
+        if self._tasks and self._hub is not None:
+            # The tasks send messages through the broker, whose gevent sockets only the hub's thread may use.
+            start_in_hub(self._hub, self._run_tasks, now)
+        else:
+            self._run_tasks(now)
+
+    def _run_tasks(self, now: int) -> None:
         for task in self._tasks:
             try:
                 task(now)
             except Exception:
                 self.logger.exception("The periodic task %r failed.", task)
 
+    def _warn_if_greenlet_leases(self) -> None:
+        if gevent_patched() and self._native_backend is None:
+            self.logger.warning(
+                "Worker %r runs in a process that gevent monkey-patched, and its lock backend cannot be reached "
+                "from a native thread (only a RedisBackend of a plain redis:// URL or redis.Redis client can): the "
+                "leases of its run locks are renewed from a greenlet. A job that keeps the gevent hub busy for "
+                "longer than lease_period (%d ms) loses its run lock, and another copy may run beside it.",
+                self.liveness.worker_id,
+                self.liveness.lease_period,
+            )
+
     def _start_periodic(self) -> None:
         """Start the periodic thread unless it runs (the caller holds the mutex)."""
         if self._periodic is None or not self._periodic[0].is_alive():
             # The thread holds the runtime only during a round: a runtime that is gone ends it.
-            thread, stop = _thread(
-                PERIODIC_THREAD, partial(_run_periodic, weakref.ref(self), self.liveness.heartbeat_interval / 1000)
-            )
+            target = partial(_run_periodic, weakref.ref(self), self.liveness.heartbeat_interval / 1000)
+            thread: BackgroundThread
+            stop: StopEvent
+            if self._native_backend is not None:
+                stop = NativeEvent()
+                thread = NativeThread(name=PERIODIC_THREAD, target=target, stop=stop)
+            else:
+                thread, stop = _thread(PERIODIC_THREAD, target)
             thread.start()
             self._periodic = (thread, stop)
 
-    def _round(self, stop: threading.Event) -> bool:
+    def _round(self, stop: StopEvent) -> bool:
         """One round; False when the thread is to end."""
         if self._serving:
             self.tick()
@@ -277,7 +329,7 @@ class Runtime:
             if self._serving or self._periodic is None:
                 return
             periodic, self._periodic = self._periodic, None
-        if periodic[0] is not threading.current_thread():
+        if not is_current(periodic[0]):
             self._join(periodic)
 
     def _join(self, started: _Started) -> bool:
@@ -312,7 +364,7 @@ class Runtime:
         """Seconds to wait for a thread that talks to the backend when the last Worker stops."""
         return max(self.liveness.lease_period, MIN_STOP_WAIT) / 1000
 
-    def _left(self, stop: threading.Event) -> None:
+    def _left(self, stop: StopEvent) -> None:
         """The worker's last work, if the periodic thread stopped by ``stop`` is to do it
         and has not: the last Worker stopped it, and none booted since."""
         with self._mutex:
@@ -338,6 +390,7 @@ class Runtime:
         """In a child forked from this process: none of the parent's threads run
         here, and none of its queued work is this process's."""
         self._init_state()
+        self._hub = None
         self.liveness.reset_after_fork()
         if self.releases is not None:
             self.releases.reset_after_fork()
@@ -345,13 +398,13 @@ class Runtime:
             self.activity.reset_after_fork()
 
 
-def _thread(name: str, target: Callable[[threading.Event], None]) -> _Started:
+def _thread(name: str, target: Callable[[threading.Event], None]) -> tuple[threading.Thread, threading.Event]:
     """A daemon thread that runs ``target`` until the event, which it is given, is set."""
     stop = threading.Event()
     return threading.Thread(target=target, args=(stop,), name=name, daemon=True), stop
 
 
-def _run_periodic(ref: weakref.ref[Runtime], interval: float, stop: threading.Event) -> None:
+def _run_periodic(ref: weakref.ref[Runtime], interval: float, stop: StopEvent) -> None:
     """The periodic thread: a round every ``interval`` seconds until ``stop`` is set, the
     round says it is the last, or the runtime is gone; then the worker's last work, if the
     last Worker left it to this thread."""
@@ -361,7 +414,7 @@ def _run_periodic(ref: weakref.ref[Runtime], interval: float, stop: threading.Ev
         runtime._left(stop)
 
 
-def _rounds(ref: weakref.ref[Runtime], interval: float, stop: threading.Event) -> None:
+def _rounds(ref: weakref.ref[Runtime], interval: float, stop: StopEvent) -> None:
     while not stop.wait(interval):
         runtime = ref()
         if runtime is None:

@@ -4,6 +4,8 @@ library in a worker process and one in a process that only sends."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
@@ -268,3 +270,30 @@ def test_a_worker_process_runs_two_threads_of_the_library_and_a_sender_one(redis
         # The thread that flushed the sends' counts is the workers' periodic thread now.
         assert most["working"] == ["dramatiq-unique-periodic", "dramatiq-unique-releases"]
         assert most["stopped"] == ["dramatiq-unique-periodic"]
+
+
+def test_a_lease_lost_while_a_c_extension_holds_the_gil_is_an_error_naming_the_cause(lease_env, caplog):
+    # Issue 19, point 1: a job that holds the GIL for longer than the lease period (a C call that
+    # does not release it: here libc's sleep called through ctypes.PyDLL, which keeps the GIL)
+    # stops the periodic thread, and its run lock lapses. Before, nothing was said when the job
+    # ended before the next renewal; now one ERROR names the cause and the fix, and the lease_lost
+    # event is told.
+    env = lease_env
+    libc = ctypes.PyDLL(ctypes.util.find_library("c"))
+    lost: list[str] = []
+    env.middleware.subscribe("lease_lost", lambda event: lost.append(event.message_id))
+    caplog.set_level(logging.WARNING, logger="dramatiq_unique")
+
+    @env.actor(lock="while_executing", queue_name="gil")
+    def crunch(key):
+        libc.usleep(4 * LEASE * 1000)  # four lease periods with the GIL held
+
+    start_worker(env, "gil", threads=1)
+    message = crunch.send("k")
+    env.join(crunch)
+    wait_for(lambda: lost)
+    time.sleep(3 * HEARTBEAT / 1000)  # a second report would come by now
+    assert lost == [message.message_id]
+    reports = [r for r in caplog.records if r.name.startswith("dramatiq_unique") and "lapsed" in r.getMessage()]
+    assert [r.levelname for r in reports] == ["ERROR"]
+    assert "renewed no lease for" in reports[0].getMessage() and "holds the GIL" in reports[0].getMessage()

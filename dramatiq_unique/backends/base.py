@@ -289,6 +289,14 @@ class LockBackend(abc.ABC):
     when the storage cannot be reached.
     """
 
+    def for_native_thread(self) -> LockBackend | None:
+        """This backend, for a native thread of a process that gevent monkey-patched: one that
+        reaches the same storage without gevent's sockets, which belong to the hub of the thread
+        that opened them. ``None`` (the default) when there is no such backend: the leases of a
+        gevent worker's run locks are then renewed from a greenlet.
+        """
+        return None
+
     @abc.abstractmethod
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0

@@ -15,6 +15,7 @@ from redis.commands.core import Script
 from ..errors import InvalidBackendOptions, LockBackendError
 from ..keys import digest_keys_start, lock_kind
 from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord, parse_lock
+from .native_connection import native_client
 
 #: What redis-py raises when Redis cannot be reached or fails. RedisClusterException is
 #: no RedisError: a RedisCluster client raises it when no node of the cluster answers.
@@ -197,6 +198,20 @@ class RedisBackend(LockBackend):
             raise LockBackendError(f"Cannot reach the Redis Cluster: {type(e).__name__}: {e}") from None
         return cls(
             client=client, fence_retention=fence_retention, min_replicas=min_replicas, replica_timeout=replica_timeout
+        )
+
+    def for_native_thread(self) -> RedisBackend | None:
+        """A backend of the same server, options and scripts, on a connection pool of its own
+        whose sockets are not gevent's (:class:`~dramatiq_unique.backends.native_connection.NativeConnection`);
+        ``None`` for a cluster, a Sentinel-managed master, TLS or a Unix socket."""
+        client = native_client(self.client)
+        if client is None:
+            return None
+        return RedisBackend(
+            client=client,
+            fence_retention=self.fence_retention,
+            min_replicas=self.min_replicas,
+            replica_timeout=self.replica_timeout,
         )
 
     def acquire(

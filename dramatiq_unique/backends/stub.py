@@ -48,6 +48,10 @@ class StubBackend(LockBackend):
         #: whatever this process's clock does.
         self._fences: dict[str, int] = {}
 
+    def for_native_thread(self) -> StubBackend:
+        """Itself: it holds no sockets."""
+        return self
+
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
     ) -> Acquisition:
