@@ -9,6 +9,7 @@ It touches only keys under ``example-async:`` and deletes them at the end.
 
 import asyncio
 import threading
+import time
 
 import dramatiq
 from dramatiq import Worker
@@ -97,7 +98,7 @@ def main():
         running.wait(10)
         send("B", 42)  # while A awaits the bank
         while not conflicts:
-            threading.Event().wait(0.01)
+            time.sleep(0.01)
         event = conflicts[0]
         print(f"  B met the run lock held by {names[event.holders[0]]}: dropped (strategy {event.strategy!r})")
         done.clear()
