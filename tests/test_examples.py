@@ -18,6 +18,9 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NAMES = sorted(path.stem for path in EXAMPLES.glob("*.expected"))
 PLACEHOLDER = re.compile(r"<[a-z][a-z ]*>")
+#: Examples whose messages go through RabbitMQ: like tests/test_rabbitmq.py, they skip where RabbitMQ is
+#: not running, except in CI.
+NEEDS_RABBITMQ = {"rabbitmq_broker"}
 
 
 def line_pattern(expected: str) -> re.Pattern[str]:
@@ -25,10 +28,12 @@ def line_pattern(expected: str) -> re.Pattern[str]:
     return re.compile(".+?".join(re.escape(part) for part in parts) + r"\Z")
 
 
-def run_example(name: str, redis_url: str | None) -> subprocess.CompletedProcess[str]:
+def run_example(name: str, redis_url: str | None, rabbitmq_url: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if key != "REDIS_URL"}
     if redis_url:
         env["REDIS_URL"] = redis_url
+    if rabbitmq_url:
+        env["RABBITMQ_URL"] = rabbitmq_url
     # The examples import dramatiq_unique from this checkout, like the rest of the tests.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLES.parent), env.get("PYTHONPATH")]))
     return subprocess.run(
@@ -71,8 +76,9 @@ def test_every_example_states_its_output():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_example(name, redis_url, redis_client):
-    result = run_example(name, redis_url)
+def test_example(name, redis_url, redis_client, request):
+    rabbitmq_url = request.getfixturevalue("rabbitmq_url") if name in NEEDS_RABBITMQ else None
+    result = run_example(name, redis_url, rabbitmq_url)
     assert_prints_what_it_states(name, result)
     left = sorted(key.decode() for key in redis_client.scan_iter(match="example-*"))
     assert not left, f"{name}.py left keys behind: {left}"

@@ -1,0 +1,90 @@
+"""RabbitMQ carries the messages, a Redis of its own keeps the locks; a message lost from its queue
+leaves its enqueue lock behind until ``lock_ttl`` ends it.
+
+    python examples/rabbitmq_broker.py   # RABBITMQ_URL names your RabbitMQ (default: the guest
+                                         # account on 127.0.0.1:5672); set REDIS_URL to use your own Redis
+
+It uses the queues ``example-rabbitmq.reports`` (with ``.DQ`` and ``.XQ``) and the Redis keys under
+``example-rabbitmq:``, and deletes both at the end.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dramatiq
+from dramatiq import Worker
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.common import dq_name, xq_name
+from dramatiq.middleware import TimeLimit
+from redis_for_examples import delete_keys, redis_url
+
+from dramatiq_unique import Locks, RedisBackend, UniqueJobs, enqueue_outcome
+
+PREFIX = "example-rabbitmq"
+QUEUE = f"{PREFIX}.reports"
+# The longest a message may wait in its queue plus the longest it runs: two hours, say, in real
+# life. Twelve seconds here, so that the example shows the lock of a lost message ending.
+LOCK_TTL = 12_000  # ms
+#: The reaper leaves an enqueue lock younger than 10 s alone (its message may be on its way to the
+#: broker): it is asked about an older one here, as it would be in production.
+REAPER_MIN_AGE = 10.5
+
+broker = RabbitmqBroker(url=os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"))
+# RabbitMQ has no Redis to lend: the locks go to a Redis named here (or by DRAMATIQ_UNIQUE_URL).
+unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock")
+broker.add_middleware(unique, before=TimeLimit)
+dramatiq.set_broker(broker)
+
+built = []
+
+
+@dramatiq.actor(queue_name=QUEUE, lock="until_executed", lock_ttl=LOCK_TTL, max_retries=0)
+def build_report(day):
+    built.append(day)
+
+
+def dramatiq_unique(*arguments, tail=None):
+    """The ``dramatiq-unique`` command, with this module as the application; its last ``tail`` lines."""
+    env = {**os.environ, "REDIS_URL": redis_url()}
+    command = [sys.executable, "-m", "dramatiq_unique", "--app", "rabbitmq_broker", *arguments]
+    shown = " ".join(f"'{argument}'" if argument.startswith("[") else argument for argument in arguments)
+    print(f"$ dramatiq-unique --app rabbitmq_broker {shown}" + (f" | tail -n {tail}" if tail else ""))
+    done = subprocess.run(command, cwd=Path(__file__).parent, env=env, capture_output=True, text=True, check=True)
+    print("\n".join(done.stdout.splitlines()[-tail if tail else 0 :]))
+
+
+def main():
+    try:
+        sent_at = time.monotonic()
+        lost = build_report.send("2024-01-01")
+        print(f"build_report.send('2024-01-01'): {enqueue_outcome(lost).status}")
+        broker.flush(QUEUE)  # the message is lost: a purged queue, a deleted queue...
+        again = enqueue_outcome(build_report.send("2024-01-01"))
+        print(f"sent again after its queue was purged: {again.status}, held by it: {again.holder == lost.message_id}")
+        # The lock of the lost message is still "queued": nothing here can tell that the message is gone.
+        dramatiq_unique("explain", "rabbitmq_broker:build_report", '["2024-01-01"]', tail=1)
+        time.sleep(max(0.0, sent_at + REAPER_MIN_AGE - time.monotonic()))
+        dramatiq_unique("reap")  # it cannot ask RabbitMQ about the message, so it leaves the lock alone
+        # The TTL runs from when Redis took the lock, a moment after sent_at.
+        time.sleep(max(0.0, sent_at + LOCK_TTL / 1000 + 0.5 - time.monotonic()))
+        print(f"after lock_ttl ({LOCK_TTL} ms), sent again: {enqueue_outcome(build_report.send('2024-01-01')).status}")
+        worker = Worker(broker, worker_threads=1, worker_timeout=100)
+        worker.start()
+        try:
+            broker.join(QUEUE, timeout=10_000)
+            worker.join()
+        finally:
+            worker.stop()
+        print(f"built: {', '.join(built)}; locks left: {len(list(Locks.from_middleware(unique).list()))}")
+    finally:
+        for name in (QUEUE, dq_name(QUEUE), xq_name(QUEUE)):
+            broker.channel.queue_delete(name)
+        broker.close()
+        delete_keys(PREFIX)
+
+
+if __name__ == "__main__":
+    main()
