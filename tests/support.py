@@ -9,10 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 import dramatiq
+import redis
 from dramatiq import Message, Worker
+from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import TimeLimit
 
-from dramatiq_unique import LockBackend, UniqueJobs
+from dramatiq_unique import LockBackend, RedisBackend, UniqueJobs
 from dramatiq_unique.backends import Holder
 from dramatiq_unique.keys import enqueue_key, registry_key, run_key
 
@@ -207,6 +209,15 @@ def scan_all(backend: LockBackend) -> list[Any]:
         records.extend(step)
         if cursor == "0":
             return records
+
+
+def stub_env_on(port: int, **options: Any) -> Env:
+    """A StubBroker whose UniqueJobs keeps its locks on the redis-server at ``port`` (one a
+    test may stop with SIGSTOP), with the middleware's ``options``."""
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=redis.Redis(port=port))
+    return Env("stub", broker, backend, UniqueJobs(backend=backend, **options))
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> None:

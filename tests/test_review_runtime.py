@@ -9,17 +9,15 @@ import sys
 import threading
 import time
 
-import redis
 from dramatiq import Worker
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.brokers.stub import StubBroker
 
 from dramatiq_unique import RedisBackend, UniqueJobs
 from dramatiq_unique import runtime as runtime_module
 from dramatiq_unique.activity import read_activity
 from dramatiq_unique.errors import LockBackendError
 
-from .support import Env, wait_for
+from .support import Env, stub_env_on, wait_for
 from .test_outages import server  # noqa: F401 (fixture)
 
 #: A script that sends its last job from an exit handler, as a script or a cron job may.
@@ -129,10 +127,7 @@ def test_the_last_worker_stops_while_its_release_thread_waits_for_a_lock_backend
     # for it, and so did the worker's shutdown, for ever: the bound given to the heartbeat's wait
     # did not cover it.
     monkeypatch.setattr(runtime_module, "MIN_STOP_WAIT", 200)
-    broker = StubBroker()
-    broker.emit_after("process_boot")
-    backend = RedisBackend(client=redis.Redis(port=server.port))
-    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=150, heartbeat_interval=50))
+    env = stub_env_on(server.port, lease_period=150, heartbeat_interval=50)
     runs = env.run()
     next(runs)
     gate, running = threading.Event(), threading.Event()
@@ -172,10 +167,7 @@ def test_the_last_worker_stops_right_after_the_lock_backend_stopped_answering(
     # stopped at once, and the worker's own last flush and its departure from the registry waited
     # for the backend, for ever.
     monkeypatch.setattr(runtime_module, "MIN_STOP_WAIT", 200)
-    broker = StubBroker()
-    broker.emit_after("process_boot")
-    backend = RedisBackend(client=redis.Redis(port=server.port))
-    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=1500, heartbeat_interval=500))
+    env = stub_env_on(server.port, lease_period=1500, heartbeat_interval=500)
     runs = env.run()
     next(runs)
     stopper = threading.Thread(target=env.worker().stop)

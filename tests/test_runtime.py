@@ -18,16 +18,14 @@ import warnings
 from pathlib import Path
 
 import pytest
-import redis
 from dramatiq import Worker
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.brokers.stub import StubBroker
 
 import dramatiq_unique
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique import runtime as runtime_module
 
-from .support import Env, wait_for
+from .support import Env, stub_env_on, wait_for
 from .test_outages import server  # noqa: F401 (fixture)
 
 #: Short leases, so that a lease that is not renewed lapses within the test.
@@ -156,10 +154,7 @@ def test_the_last_worker_stops_while_its_heartbeat_waits_for_a_lock_backend_that
     # backend's redis-server stopped (not down: it accepts and never answers, and the client has
     # no socket_timeout), the heartbeat waited for it, and so did the worker's shutdown, for ever.
     monkeypatch.setattr(runtime_module, "MIN_STOP_WAIT", 200)
-    broker = StubBroker()
-    broker.emit_after("process_boot")
-    backend = RedisBackend(client=redis.Redis(port=server.port))
-    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=LEASE, heartbeat_interval=HEARTBEAT))
+    env = stub_env_on(server.port, lease_period=LEASE, heartbeat_interval=HEARTBEAT)
     runs = env.run()
     next(runs)
     stopper = threading.Thread(target=env.worker().stop)
