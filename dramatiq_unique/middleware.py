@@ -148,6 +148,9 @@ class UniqueJobs(Middleware):
             reaper_interval=reaper_interval,
             metrics=metrics,
             background_releases=background_releases,
+            reaper=reaper,
+            reaper_queue=reaper_queue,
+            activity=activity,
         )
         self.defaults = lock_defaults(
             lock=lock,
@@ -180,7 +183,7 @@ class UniqueJobs(Middleware):
             heartbeat_interval=heartbeat_interval,
             on_backend_error=on_backend_error,
             background_releases=background_releases,
-            activity=bool(activity),
+            activity=activity,
         )
         if backend is not None:
             self._compose(backend)

@@ -179,6 +179,9 @@ def check_middleware_options(
     reaper_interval: Any,
     metrics: Any,
     background_releases: Any,
+    reaper: Any,
+    reaper_queue: Any,
+    activity: Any,
 ) -> None:
     """Validate the options of the middleware only.
 
@@ -210,9 +213,14 @@ def check_middleware_options(
             f"valid choices are {RAISE!r} and {ALLOW!r}."
         )
     _check_metrics(metrics)
-    if not isinstance(background_releases, bool):
+    # A truthy string such as "no" would silently mean True.
+    for name, value in (("background_releases", background_releases), ("reaper", reaper), ("activity", activity)):
+        if not isinstance(value, bool):
+            raise InvalidLockOptions(f"UniqueJobs has an invalid {name}={value!r}: it must be True or False.")
+    if not isinstance(reaper_queue, str) or not reaper_queue:
         raise InvalidLockOptions(
-            f"UniqueJobs has an invalid background_releases={background_releases!r}: it must be True or False."
+            f"UniqueJobs has an invalid reaper_queue={reaper_queue!r}: "
+            "it must be the name of a queue, a non-empty string."
         )
 
 

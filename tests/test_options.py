@@ -425,3 +425,20 @@ def test_a_middleware_lock_ttl_that_looks_like_seconds_is_logged(caplog):
         "UniqueJobs has lock_ttl=999: lock_ttl is in milliseconds, so its lock lapses 999 ms after it is taken. "
         "For 999 seconds, write lock_ttl=999_000. This is logged once per actor."
     ]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("reaper", "no", "it must be True or False."),
+        ("activity", "no", "it must be True or False."),
+        ("activity", 0, "it must be True or False."),
+        ("reaper_queue", "", "it must be the name of a queue, a non-empty string."),
+        ("reaper_queue", None, "it must be the name of a queue, a non-empty string."),
+    ],
+)
+def test_the_middlewares_own_switches_and_queue_are_checked(option, value, problem):
+    # Issue 18 review: these were not checked, so activity="no" silently meant True.
+    with pytest.raises(InvalidLockOptions) as raised:
+        UniqueJobs(backend=StubBackend(), **{option: value})
+    assert str(raised.value) == f"UniqueJobs has an invalid {option}={value!r}: {problem}"
