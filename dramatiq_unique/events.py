@@ -107,6 +107,18 @@ class EventSubject(NamedTuple):
     message_id: str
     lock: str
 
+    def event(self, kind: str, **details: Any) -> LockEvent:
+        """The event of ``kind`` about this lock, with the other fields of :class:`LockEvent` in ``details``."""
+        return LockEvent(
+            kind=kind,
+            actor_name=self.actor_name,
+            queue_name=self.queue_name,
+            digest=self.digest,
+            message_id=self.message_id,
+            lock=self.lock,
+            **details,
+        )
+
 
 #: A subscriber: called with each event of the kinds it subscribed to; what it returns is ignored.
 Subscriber = Callable[[LockEvent], object]
@@ -180,19 +192,7 @@ class Events:
     def notify_about(self, subject: EventSubject, kind: str, **details: Any) -> None:
         """:meth:`notify` of an event of ``kind`` about ``subject``, with the
         fields of :class:`LockEvent` given in ``details``."""
-        self.notify(
-            kind,
-            subject.actor_name,
-            lambda: LockEvent(
-                kind=kind,
-                actor_name=subject.actor_name,
-                queue_name=subject.queue_name,
-                digest=subject.digest,
-                message_id=subject.message_id,
-                lock=subject.lock,
-                **details,
-            ),
-        )
+        self.notify(kind, subject.actor_name, lambda: subject.event(kind, **details))
 
     def emit(self, event: LockEvent) -> None:
         """Count the event and call the subscribers of its kind; none of them can make this raise."""

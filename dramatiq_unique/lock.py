@@ -14,7 +14,7 @@ from .backends.base import LAPSED as NOT_HELD
 from .current import HeldLock
 from .digest import compute_digest, lock_arguments
 from .errors import LockBackendError
-from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, Events, EventSubject, LockEvent
+from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, Events, EventSubject
 from .keys import ENQUEUE, RUN, enqueue_key, replaced_key, run_key
 from .liveness import worker_id
 from .options import LockConfig
@@ -186,17 +186,11 @@ class MessageLock:
     ) -> None:
         """Count what happened to this message's locks, and tell the
         subscribers of ``kind``; without subscribers, no event is built."""
-        message = self.message
         self.events.notify(
             kind,
-            message.actor_name,
-            lambda: LockEvent(
-                kind=kind,
-                actor_name=message.actor_name,
-                queue_name=q_name(message.queue_name),
-                digest=self.digest,
-                message_id=message.message_id,
-                lock=self.config.lock.name,
+            self.message.actor_name,
+            lambda: self.subject.event(
+                kind,
                 lock_kind=lock_kind,
                 token=token,
                 side=side,

@@ -399,7 +399,8 @@ class UniqueJobs(Middleware):
     # Client side -------------------------------------------------------------
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
-        self.resolve_backend(broker)
+        if self._backend is None:  # chosen once, nearly always at the first actor's declaration
+            self.resolve_backend(broker)
         self.client_side.before_enqueue(broker, message, delay)
 
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:

@@ -11,7 +11,7 @@ import functools
 import importlib.util
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -240,6 +240,22 @@ def _check_metrics(metrics: Any) -> None:
         )
 
 
+class _Once:
+    """The keys seen so far, for what is logged once per key, from any thread."""
+
+    def __init__(self) -> None:
+        self._seen: set[Hashable] = set()
+        self._mutex = threading.Lock()
+
+    def first(self, key: Hashable) -> bool:
+        """Whether ``key`` is seen for the first time."""
+        with self._mutex:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            return True
+
+
 class ActorConfigs:
     """The lock options of each declared actor, resolved once, and of each message.
 
@@ -250,8 +266,7 @@ class ActorConfigs:
 
     def __init__(self, defaults: Mapping[str, Any], *, logger: logging.Logger) -> None:
         self.logger = logger
-        self._short_ttls_warned: set[tuple[str, int]] = set()
-        self._short_ttls_mutex = threading.Lock()
+        self._short_ttls_warned = _Once()
         self.defaults = dict(defaults)
         self._default = (self.defaults, resolve("UniqueJobs", self.defaults))
         self._warn_if_short_ttl("UniqueJobs", "UniqueJobs", self._default[1])
@@ -303,10 +318,8 @@ class ActorConfigs:
         ttl = config.lock_ttl if config is not None else None
         if ttl is None or ttl >= SHORT_LOCK_TTL:
             return
-        with self._short_ttls_mutex:
-            if (actor_name, ttl) in self._short_ttls_warned:
-                return
-            self._short_ttls_warned.add((actor_name, ttl))
+        if not self._short_ttls_warned.first((actor_name, ttl)):
+            return
         self.logger.warning(
             "%s has lock_ttl=%d: lock_ttl is in milliseconds, so its lock lapses %d ms after it is taken. "
             "For %d seconds, write lock_ttl=%s. This is logged once per actor.",
@@ -332,8 +345,7 @@ class MessageOptionsCheck:
 
     def __init__(self, logger: logging.Logger) -> None:
         self.logger = logger
-        self._warned: set[tuple[str, str]] = set()
-        self._mutex = threading.Lock()
+        self._warned = _Once()
 
     def __call__(self, broker: Broker, message: Message[Any]) -> None:
         """Check the options of ``message``, which is being enqueued on ``broker``.
@@ -353,10 +365,8 @@ class MessageOptionsCheck:
                 self._warn(message.actor_name, name, suggestion)
 
     def _warn(self, actor_name: str, name: str, suggestion: str) -> None:
-        with self._mutex:
-            if (actor_name, name) in self._warned:
-                return
-            self._warned.add((actor_name, name))
+        if not self._warned.first((actor_name, name)):
+            return
         self.logger.warning(
             "Actor %r was sent with the option %r, which no middleware declares, so it is ignored. "
             "Did you mean %r? This is logged once per actor and option.",
