@@ -220,6 +220,17 @@ def stub_env_on(port: int, **options: Any) -> Env:
     return Env("stub", broker, backend, UniqueJobs(backend=backend, **options))
 
 
+def assert_stop_is_bounded(stopper: threading.Thread, caplog: Any) -> None:
+    """Start ``stopper``, a thread calling a Worker's ``stop()`` while its lock backend does not
+    answer, and check that it returns within 10 s with one ERROR about what it left waiting."""
+    caplog.set_level(logging.ERROR, logger="dramatiq_unique")
+    stopper.start()
+    stopper.join(10)
+    assert not stopper.is_alive(), "the worker's stop() waits for the lock backend"
+    errors = [r.getMessage() for r in caplog.records if r.name.startswith("dramatiq_unique")]
+    assert len(errors) == 1 and "still waiting for the lock backend" in errors[0], errors
+
+
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from dramatiq_unique import runtime as runtime_module
 from dramatiq_unique.activity import read_activity
 from dramatiq_unique.errors import LockBackendError
 
-from .support import Env, stub_env_on, wait_for
+from .support import Env, assert_stop_is_bounded, stub_env_on, wait_for
 from .test_outages import server  # noqa: F401 (fixture)
 
 #: A script that sends its last job from an exit handler, as a script or a cron job may.
@@ -145,12 +144,7 @@ def test_the_last_worker_stops_while_its_release_thread_waits_for_a_lock_backend
         gate.set()  # the message finishes: its release goes to the release thread, which waits for the server
         wait_for(lambda: not env.middleware.releases.idle)
         time.sleep(0.1)
-        caplog.set_level(logging.ERROR, logger="dramatiq_unique")
-        stopper.start()
-        stopper.join(10)
-        assert not stopper.is_alive(), "the worker's stop() waits for the lock backend"
-        errors = [r.getMessage() for r in caplog.records if r.name.startswith("dramatiq_unique")]
-        assert len(errors) == 1 and "still waiting for the lock backend" in errors[0], errors
+        assert_stop_is_bounded(stopper, caplog)
     finally:
         server.proc.send_signal(signal.SIGCONT)
         stopper.join(10)
@@ -173,12 +167,7 @@ def test_the_last_worker_stops_right_after_the_lock_backend_stopped_answering(
     stopper = threading.Thread(target=env.worker().stop)
     try:
         server.proc.send_signal(signal.SIGSTOP)  # before the first round of the periodic thread
-        caplog.set_level(logging.ERROR, logger="dramatiq_unique")
-        stopper.start()
-        stopper.join(10)
-        assert not stopper.is_alive(), "the worker's stop() waits for the lock backend"
-        errors = [r.getMessage() for r in caplog.records if r.name.startswith("dramatiq_unique")]
-        assert len(errors) == 1 and "still waiting for the lock backend" in errors[0], errors
+        assert_stop_is_bounded(stopper, caplog)
     finally:
         server.proc.send_signal(signal.SIGCONT)
         stopper.join(10)
