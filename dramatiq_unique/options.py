@@ -318,7 +318,7 @@ class ActorConfigs:
         ttl = config.lock_ttl if config is not None else None
         if ttl is None or ttl >= SHORT_LOCK_TTL:
             return
-        if not self._short_ttls_warned.first((actor_name, ttl)):
+        if not self._short_ttls_warned.first(actor_name):
             return
         self.logger.warning(
             "%s has lock_ttl=%d: lock_ttl is in milliseconds, so its lock lapses %d ms after it is taken. "
