@@ -33,6 +33,13 @@ def registry_key(prefix: str) -> str:
     return f"{prefix}:workers"
 
 
+def in_hand_key(registry: str) -> str:
+    """The key of what each worker of the registry at ``registry`` last published of the
+    messages in its hands. Its hash tag is the registry's own key, so that both are in one
+    slot of a Redis Cluster, as a key without braces is placed by its whole name."""
+    return f"{{{registry}}}:in-hand"
+
+
 def activity_key(prefix: str, minute: int) -> str:
     """The key of the lock activity counts of ``minute`` (minutes since the epoch)."""
     return f"{prefix}:activity:{{activity}}:{minute}"

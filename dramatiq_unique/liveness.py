@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from .backends import LockBackend
+from .backends import LockBackend, MessagesInHand
 from .errors import LockBackendError
 from .events import BACKEND_ERROR, LEASE_LOST, Events, EventSubject, LockEvent
 from .keys import RUN, registry_key
@@ -76,6 +76,9 @@ class Liveness:
       running(collections.abc.Callable): Whether a worker's periodic thread runs in
         this process, calling :meth:`tick`: only then is a failed release kept to be
         tried again.
+      in_hand(collections.abc.Callable): What each heartbeat publishes of the messages in
+        this process's hands, or ``None`` for nothing; given a time of the backend's clock
+        that is not yet past.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class Liveness:
         logger: logging.Logger,
         events: Events,
         running: Callable[[], bool],
+        in_hand: Callable[[int], MessagesInHand | None] = lambda taken_at: None,
     ):
         self.backend = backend
         self.events = events
@@ -98,11 +102,14 @@ class Liveness:
         self.heartbeat_interval = heartbeat_interval
         self.logger = logger
         self._running = running
+        self._in_hand = in_hand
         self._mutex = threading.Lock()
         self._leases: dict[tuple[str, str], _Lease] = {}
         self._pending: dict[tuple[str, str], int] = {}
-        #: The backend's clock at the last heartbeat (ms), and our monotonic clock then (s).
+        #: The backend's clock at the last heartbeat (ms), and our monotonic clock then (s):
+        #: halfway through the round trip, and at its answer.
         self._synced: tuple[int, float] | None = None
+        self._answered: tuple[int, float] | None = None
         #: Heartbeats that failed in a row.
         self._failed_heartbeats = 0
         #: How the events of the periodic thread reach their subscribers: called at once, unless the
@@ -254,16 +261,25 @@ class Liveness:
         return since if since > self.lease_period else None
 
     def _beat(self) -> int | None:
+        # The backend's clock had passed this before what the heartbeat publishes was counted.
+        last = self._answered
+        taken_at = 0 if last is None else last[0] + int((time.monotonic() - last[1]) * 1000)
+        in_hand = self._in_hand(taken_at)
         sent = time.monotonic()
         try:
-            now = self.backend.heartbeat(self.registry_key, self.worker_id, ttl=self.lease_period)
+            if in_hand is None:  # a LockBackend of your own, written before in_hand, may not take it
+                now = self.backend.heartbeat(self.registry_key, self.worker_id, ttl=self.lease_period)
+            else:
+                now = self.backend.heartbeat(self.registry_key, self.worker_id, ttl=self.lease_period, in_hand=in_hand)
         except LockBackendError as e:
             self._heartbeat_failed(e)
             self._backend_failed("heartbeat", e)
             return None
-        # The server read its clock about halfway through the round trip. Our monotonic
-        # clock, unlike our wall clock, does not step.
-        self._synced = (now, (sent + time.monotonic()) / 2)
+        # The server read its clock about halfway through the round trip, and at the latest
+        # at its answer. Our monotonic clock, unlike our wall clock, does not step.
+        answered = time.monotonic()
+        self._synced = (now, (sent + answered) / 2)
+        self._answered = (now, answered)
         # A run lock's worker must count as alive under the lock's prefix.
         # Leases are renewed only after every registry heard of it: a worker never holds a
         # renewed run lock while some registry has given it up for dead.

@@ -49,7 +49,7 @@ from .options import (
     lock_defaults,
 )
 from .outage import Outage
-from .reaper import Reaper, ReaperTrigger, declare_reaper_actor
+from .reaper import Reaper, ReaperTrigger, declare_reaper_actor, needs_messages_in_hand
 from .runtime import Runtime
 from .worker import WorkerSide
 
@@ -355,7 +355,7 @@ class UniqueJobs(Middleware):
         if self.reaper_enabled:
             self.declare_reaper(broker)
         # Before the consumers start: the worker is in the registry before it holds any run lock.
-        self.runtime.worker_booted(worker)
+        self.runtime.worker_booted(worker, publish_in_hand=needs_messages_in_hand(broker))
 
     def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:
         # After the worker threads finished their messages: the leases were renewed until then.
@@ -408,7 +408,11 @@ class UniqueJobs(Middleware):
 
     # Server side -------------------------------------------------------------
 
+    def before_delay_message(self, broker: Broker, message: MessageProxy) -> None:
+        self.runtime.in_hand.delayed(message)
+
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        self.runtime.in_hand.started(message)
         self.worker_side.start(broker, message)
 
     def after_process_message(
@@ -418,3 +422,9 @@ class UniqueJobs(Middleware):
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self.worker_side.finish(message)
+
+    def after_ack(self, broker: Broker, message: MessageProxy) -> None:
+        self.runtime.in_hand.left(message)
+
+    def after_nack(self, broker: Broker, message: MessageProxy) -> None:
+        self.runtime.in_hand.left(message)

@@ -337,9 +337,11 @@ class Locks:
 
         Returns:
           dict: By ``(lock key, message id)``; empty when the broker cannot be
-          asked (a ``RedisBroker`` or a ``StubBroker`` can).
+          asked (a ``RedisBroker``, a ``RabbitmqBroker`` and a ``StubBroker`` can;
+          RabbitMQ answers after the workers' next heartbeats, and only where a
+          queue has no message waiting).
         """
-        locator = locator_for(broker)
+        locator = locator_for(broker, backend=self.backend, registry=registry_key(self.prefixes[0]), logger=self.logger)
         queued = [(lock, h) for lock in locks if lock.kind == ENQUEUE for h in lock.holders if h.state == QUEUED]
         if locator is None or not queued:
             return {}

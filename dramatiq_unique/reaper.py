@@ -7,9 +7,13 @@ releases:
 * run locks whose worker is dead by what it published: its last heartbeat
   plus its own lease period lie in the past (their lease would free them
   too, within about a heartbeat interval more: the reaper is the fast path);
-* enqueue locks whose message no longer exists in the broker, for brokers
-  that can be asked (``RedisBroker``, ``StubBroker``). ``until_expired``
-  locks are left alone: they are meant to outlive their message.
+* enqueue locks whose message no longer exists in the broker. ``RedisBroker``
+  and ``StubBroker`` are asked for the message by its id. RabbitMQ cannot be:
+  there, a message is gone when its queue and delay queue have no message
+  waiting, before and after every live worker published the messages in its
+  hands (see :mod:`dramatiq_unique.in_hand`), and none holds it. Other brokers
+  are not asked. ``until_expired`` locks are left alone: they are meant to
+  outlive their message.
 
 It never releases the lock of a message that is queued, delayed, retrying or
 running on a live worker: a message is looked for twice, a moment
@@ -38,7 +42,7 @@ from typing import Any
 import dramatiq
 from dramatiq import Broker, Message
 from dramatiq.actor import Actor
-from dramatiq.common import dq_name
+from dramatiq.common import dq_name, q_name
 from dramatiq.results import Results
 
 from .backends import Holder, LockBackend, LockRecord
@@ -46,7 +50,7 @@ from .errors import InvalidLockOptions
 from .events import REAPED, Events, LockEvent
 from .keys import RUN, digest_of, reaper_cursor_key, reaper_leader_key, registry_key
 from .locks import LOCK_TYPES
-from .options import DEFAULTS
+from .options import DEFAULT_HEARTBEAT_INTERVAL, DEFAULTS
 
 #: The name of the orphan reaper actor.
 REAPER_ACTOR_NAME = "dramatiq_unique_reaper"
@@ -58,6 +62,10 @@ DEFAULT_MIN_AGE = 10_000
 CURSOR_TTL = 24 * 3600 * 1000
 #: How long the leader lock outlives its last renewal (ms): a reaper that died lets another run then.
 LEADER_TTL = 60_000
+#: How long a dead worker stays in the registry (ms), longer than RabbitMQ's heartbeat timeout
+#: (60 s by default): until RabbitMQ has given back the messages of a worker whose host died,
+#: the reaper decides nothing about lost messages there.
+FORGET_DEAD_WORKERS_AFTER = 300_000
 
 
 @dataclass
@@ -128,6 +136,8 @@ class Reaper:
         self.confirm_delay = confirm_delay
         self._mutex = threading.Lock()
         self.leader_key = reaper_leader_key(prefix)
+        #: Where the workers publish the messages in their hands: under the middleware's prefix.
+        self.registry = registry_key(prefix)
         self.cursor_key = reaper_cursor_key(prefix)
 
     def add_prefix(self, prefix: str) -> None:
@@ -154,7 +164,7 @@ class Reaper:
             report.skipped = True
             return report
         try:
-            locator = locator_for(broker)
+            locator = locator_for(broker, backend=self.backend, registry=self.registry, logger=self.logger)
             prefixes = self.prefixes
             index, cursor = self._resume(prefixes)
             while True:
@@ -171,11 +181,13 @@ class Reaper:
                 if report.complete or (max_passes is not None and report.passes >= max_passes):
                     break
             if report.complete:
-                # After a full cycle, the dead workers leave the registries: any run lock of theirs
-                # still held is left to its lease, which ends about when the worker's time did.
+                # After a full cycle, the workers dead for long leave the registries: any run lock of
+                # theirs still held is left to its lease, which ends about when the worker's time did.
                 for prefix in prefixes:
                     now, _ = self.backend.heartbeats(registry_key(prefix))
-                    report.forgotten_workers += self.backend.forget_workers(registry_key(prefix), before=now)
+                    report.forgotten_workers += self.backend.forget_workers(
+                        registry_key(prefix), before=now - FORGET_DEAD_WORKERS_AFTER
+                    )
         finally:
             self.backend.release(self.leader_key, owner)
         report.seconds = time.monotonic() - started
@@ -390,6 +402,9 @@ class ReaperTrigger:
 
 
 class _Locator(abc.ABC):
+    def __init__(self, broker: Any):
+        self.broker = broker
+
     @abc.abstractmethod
     def missing(self, records: list[LockRecord]) -> list[bool]:
         """For each enqueue lock, whether its message is certainly gone from the broker."""
@@ -400,6 +415,7 @@ class _RedisLocator(_Locator):
     (delayed ones and retries in ``<ns>:<queue>.DQ.msgs``), fetched or not."""
 
     def __init__(self, broker: Any):
+        super().__init__(broker)
         self.client = broker.client
         self.namespace = broker.namespace
 
@@ -420,9 +436,6 @@ class _RedisLocator(_Locator):
 class _StubLocator(_Locator):
     """StubBroker's queues hold the messages not yet fetched; a queue with a
     message in a worker's hands cannot be asked, so its locks are left alone."""
-
-    def __init__(self, broker: Any):
-        self.broker = broker
 
     def missing(self, records: list[LockRecord]) -> list[bool]:
         known: dict[str, set[str] | None] = {}
@@ -449,16 +462,145 @@ class _StubLocator(_Locator):
         return ids
 
 
-def locator_for(broker: Broker | None) -> _Locator | None:
-    """How to ask ``broker`` whether a message exists, or ``None`` when it cannot be asked."""
+class _QueueCountLocator(_Locator):
+    """RabbitMQ counts the messages waiting in a queue but cannot be asked for one by its id,
+    and a message a worker has received is no longer counted. So a message is gone when its
+    queue and delay queue have none waiting, when every live worker then publishes, counted
+    after that, the messages in its hands without it, and when its queues still have none
+    waiting after that: a message on its way back to a queue (a redelivery, a retry) is seen
+    in one of the three. A registry with a worker that died and is not forgotten yet decides
+    nothing: its messages may be on their way back."""
+
+    #: How long to wait for a publication, in heartbeat intervals.
+    PATIENCE = 3
+    #: Seconds between two reads of the publications.
+    POLL = 0.2
+
+    def __init__(self, broker: Any, *, backend: LockBackend, registry: str, logger: logging.Logger):
+        super().__init__(broker)
+        self.backend = backend
+        self.registry = registry
+        self.logger = logger
+        #: Set once a run cannot decide: its other batches do not wait again.
+        self._gave_up = False
+
+    def missing(self, records: list[LockRecord]) -> list[bool]:
+        import pika.exceptions  # type: ignore[import-untyped]
+
+        if self._gave_up:
+            return [False] * len(records)
+        queues = {q_name(str(record.holder.get("queue", ""))) for record in records}
+        # The registry's clock, which the publications are compared with.
+        since, _, _ = self.backend.messages_in_hand(self.registry)
+        try:
+            connection = pika.BlockingConnection(self.broker.parameters)
+        except pika.exceptions.AMQPError as e:
+            self.logger.warning("The orphan reaper could not count the messages waiting in RabbitMQ: %s", e)
+            return [False] * len(records)
+        try:
+            counter = _QueueCounter(connection)
+            empty = {queue for queue in queues if queue and counter.waiting(queue) == 0}
+            in_hand = self._in_hand_since(since) if empty else None
+            if in_hand is None:
+                return [False] * len(records)
+            empty = {queue for queue in empty if counter.waiting(queue) == 0}
+        except pika.exceptions.AMQPError as e:
+            self.logger.warning("The orphan reaper could not count the messages waiting in RabbitMQ: %s", e)
+            return [False] * len(records)
+        finally:
+            if connection.is_open:
+                connection.close()
+        return [
+            q_name(str(record.holder.get("queue", ""))) in empty and record.holder.get("message_id") not in in_hand
+            for record in records
+        ]
+
+    def _in_hand_since(self, since: int) -> set[str] | None:
+        """The ids of the messages in the live workers' hands, each worker's counted after
+        ``since`` (the registry's clock); ``None`` when some worker does not publish in time,
+        and then for the rest of the run."""
+        deadline: float | None = None
+        while True:
+            now, alive_until, published = self.backend.messages_in_hand(self.registry)
+            if any(until <= now for until in alive_until.values()):
+                self.logger.info(
+                    "The orphan reaper does not look for lost messages in RabbitMQ in this run: a worker stopped "
+                    "sending heartbeats less than %d s ago, and the messages it held may be on their way back to "
+                    "their queues.",
+                    FORGET_DEAD_WORKERS_AFTER // 1000,
+                )
+                self._gave_up = True
+                return None
+            late = [
+                worker
+                for worker in alive_until
+                if worker not in published or not published[worker].complete or published[worker].taken_at < since
+            ]
+            if not late:
+                return {message_id for worker in alive_until for message_id in published[worker].message_ids}
+            if deadline is None:
+                interval = max((p.interval for p in published.values()), default=DEFAULT_HEARTBEAT_INTERVAL)
+                deadline = time.monotonic() + self.PATIENCE * interval / 1000
+            if time.monotonic() > deadline:
+                self.logger.info(
+                    "The orphan reaper does not look for lost messages in RabbitMQ in this run: worker(s) %s did not "
+                    "publish the messages in their hands in time (a worker of an earlier version of dramatiq-unique "
+                    "publishes none).",
+                    ", ".join(repr(worker) for worker in late),
+                )
+                self._gave_up = True
+                return None
+            time.sleep(self.POLL)
+
+
+class _QueueCounter:
+    """Counts the messages waiting in a queue and its delay queue, on a connection of its own."""
+
+    def __init__(self, connection: Any):
+        self.connection = connection
+        self.channel = connection.channel()
+
+    def waiting(self, queue: str) -> int:
+        import pika.exceptions
+
+        total = 0
+        for name in (queue, dq_name(queue)):
+            try:
+                total += self.channel.queue_declare(name, passive=True).method.message_count
+            except pika.exceptions.ChannelClosedByBroker:
+                # No such queue (deleted, or never declared): nothing waits there.
+                self.channel = self.connection.channel()
+        return total
+
+
+def _locator_class(broker: Broker | None) -> type[_Locator] | None:
     from dramatiq.brokers.redis import RedisBroker
     from dramatiq.brokers.stub import StubBroker
 
     if isinstance(broker, RedisBroker):
-        return _RedisLocator(broker)
+        return _RedisLocator
     if isinstance(broker, StubBroker):
-        return _StubLocator(broker)
-    return None
+        return _StubLocator
+    try:
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+    except ImportError:  # pika is not installed: no broker here is RabbitMQ
+        return None
+    return _QueueCountLocator if isinstance(broker, RabbitmqBroker) else None
+
+
+def needs_messages_in_hand(broker: Broker) -> bool:
+    """Whether the workers of ``broker`` publish the messages in their hands for the reaper."""
+    return _locator_class(broker) is _QueueCountLocator
+
+
+def locator_for(
+    broker: Broker | None, *, backend: LockBackend, registry: str, logger: logging.Logger
+) -> _Locator | None:
+    """How to ask ``broker`` whether a message exists, or ``None`` when it cannot be asked."""
+    kind = _locator_class(broker)
+    if kind is _QueueCountLocator:
+        return _QueueCountLocator(broker, backend=backend, registry=registry, logger=logger)
+    return None if kind is None else kind(broker)
 
 
 def reap_orphans(

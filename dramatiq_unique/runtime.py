@@ -43,6 +43,7 @@ from functools import partial
 from .activity import ActivityCounter
 from .backends import LockBackend
 from .events import Events
+from .in_hand import InHand
 from .liveness import Liveness
 from .native import (
     BackgroundThread,
@@ -106,6 +107,9 @@ class Runtime:
         #: The gevent hub of the booted Worker, which runs the periodic tasks of a native thread.
         self._hub: object | None = None
         periodic_backend = self._native_backend or backend
+        #: The messages in this process's hands, published with each heartbeat where the broker
+        #: cannot be asked for a message by its id.
+        self.in_hand = InHand(interval=heartbeat_interval)
         self.liveness = Liveness(
             periodic_backend,
             prefix=prefix,
@@ -114,6 +118,7 @@ class Runtime:
             logger=logger,
             events=events,
             running=lambda: self.running,
+            in_hand=self.in_hand.publication,
         )
         self.releases = (
             BackgroundReleases(backend, logger=logger, events=events, retry=self.liveness.retry_release)
@@ -167,10 +172,18 @@ class Runtime:
 
     # Workers ---------------------------------------------------------------------
 
-    def worker_booted(self, worker: object) -> None:
+    def worker_booted(self, worker: object, *, publish_in_hand: bool = False) -> None:
         """Start a worker's background work, if ``worker`` is the first Worker of
         the process: called before it takes any message. Registers the process
-        in the worker registry first."""
+        in the worker registry first.
+
+        Parameters:
+          publish_in_hand(bool): Whether its broker cannot be asked for a message by its
+            id: the heartbeat then publishes the messages in this process's hands.
+        """
+        if publish_in_hand:
+            self.in_hand.start()
+        self.in_hand.watch(worker)
         with self._transition:
             with self._mutex:
                 if id(worker) in self._workers:
@@ -197,6 +210,7 @@ class Runtime:
         the releases that wait, then stops the periodic thread, which on its way
         out flushes the activity counts, tries the failed releases once more and
         leaves the registry."""
+        self.in_hand.unwatch(worker)
         with self._mutex:
             if self._workers.pop(id(worker), None) is None or self._workers:
                 return
@@ -392,6 +406,7 @@ class Runtime:
         self._init_state()
         self._hub = None
         self.liveness.reset_after_fork()
+        self.in_hand.reset_after_fork()
         if self.releases is not None:
             self.releases.reset_after_fork()
         if self.activity is not None:

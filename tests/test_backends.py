@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from dramatiq_unique import InvalidBackendOptions, LockBackendError, RedisBackend, StubBackend
-from dramatiq_unique.backends import Holder
+from dramatiq_unique.backends import Holder, MessagesInHand
 
 from .support import scan_all
 
@@ -410,6 +410,22 @@ def test_the_worker_registry_records_how_long_each_worker_counts_as_alive(backen
     assert backend.forget_workers("dramatiq-unique:workers", worker_id="w2") == 1
     assert backend.forget_workers("dramatiq-unique:workers", before=before + 1_001) == 1
     assert backend.heartbeats("dramatiq-unique:workers")[1] == {}
+
+
+def test_a_heartbeat_publishes_the_messages_in_the_workers_hands_until_it_is_forgotten(backend):
+    # Issue 19, point 3: on RabbitMQ each worker publishes the locked messages it holds with its
+    # heartbeat, in the same step, and leaves no publication behind once it leaves the registry.
+    registry = "dramatiq-unique:workers"
+    held = MessagesInHand(frozenset({"m1", "@fence"}), complete=True, taken_at=12, interval=200)
+    backend.heartbeat(registry, "w1", ttl=1_000, in_hand=held)
+    backend.heartbeat(registry, "w2", ttl=60_000, in_hand=MessagesInHand(frozenset(), False, 0, 5_000))
+    backend.heartbeat(registry, "w3", ttl=1_000)  # a release that publishes nothing
+    now, alive_until, published = backend.messages_in_hand(registry)
+    assert set(alive_until) == {"w1", "w2", "w3"} and now < alive_until["w2"]
+    assert published == {"w1": held, "w2": MessagesInHand(frozenset(), False, 0, 5_000)}
+    assert backend.forget_workers(registry, worker_id="w2") == 1
+    assert backend.forget_workers(registry, before=now + 2_000) == 2
+    assert backend.messages_in_hand(registry)[1:] == ({}, {})
 
 
 def test_scan_visits_every_lock_in_bounded_steps(backend):

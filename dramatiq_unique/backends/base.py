@@ -282,6 +282,38 @@ LAPSED = "lapsed"
 SUPERSEDED = "superseded"
 
 
+@dataclass(frozen=True)
+class MessagesInHand:
+    """What a worker publishes with its heartbeat of the messages in its hands:
+    received from the broker and not yet acknowledged (waiting in its memory,
+    delayed until due, or running), on a broker that cannot be asked for a
+    message by its id.
+
+    Parameters:
+      message_ids(frozenset[str]): The ids of those messages that carry a lock.
+      complete(bool): Whether they are all of them: ``False`` when the worker
+        could not tell at that moment.
+      taken_at(int): A time, in ms of the backend's clock, before which they
+        were not counted: every message the worker held then and still holds is in it.
+      interval(int): Milliseconds until its next publication (its heartbeat interval).
+    """
+
+    message_ids: frozenset[str]
+    complete: bool
+    taken_at: int
+    interval: int
+
+    def encode(self) -> str:
+        return json.dumps(
+            {"ids": sorted(self.message_ids), "complete": self.complete, "at": self.taken_at, "every": self.interval}
+        )
+
+    @classmethod
+    def decode(cls, text: str) -> MessagesInHand:
+        data = json.loads(text)
+        return cls(frozenset(data["ids"]), bool(data["complete"]), int(data["at"]), int(data["every"]))
+
+
 class LockBackend(abc.ABC):
     """Stores locks. Implementations must be safe to share between threads.
 
@@ -396,9 +428,13 @@ class LockBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def heartbeat(self, key: str, worker_id: str, *, ttl: int) -> int:
+    def heartbeat(self, key: str, worker_id: str, *, ttl: int, in_hand: MessagesInHand | None = None) -> int:
         """Record in the registry at ``key`` that ``worker_id`` counts as alive
         for ``ttl`` ms from now (its lease period): until its next heartbeat, or its death.
+
+        Parameters:
+          in_hand(MessagesInHand): What the worker holds, published in the same
+            step for :meth:`messages_in_hand`; ``None`` publishes nothing.
 
         Returns:
           int: Now, in ms of the backend's clock.
@@ -409,10 +445,18 @@ class LockBackend(abc.ABC):
         """The registry at ``key``: now, and the time until which each worker
         counts as alive, in ms of the backend's clock."""
 
+    def messages_in_hand(self, key: str) -> tuple[int, dict[str, int], dict[str, MessagesInHand]]:
+        """The registry at ``key`` as :meth:`heartbeats` reads it, and what each
+        worker last published with its heartbeat of the messages in its hands, read at once.
+        This implementation knows of no publication: a backend that stores them says."""
+        now, alive_until = self.heartbeats(key)
+        return now, alive_until, {}
+
     @abc.abstractmethod
     def forget_workers(self, key: str, *, worker_id: str | None = None, before: int | None = None) -> int:
         """Remove ``worker_id``, or every worker that counted as alive only
-        until before ``before``, from the registry at ``key``.
+        until before ``before``, from the registry at ``key``, with what it
+        published of the messages in its hands.
 
         Returns:
           int: How many were removed.

@@ -13,8 +13,18 @@ import redis.sentinel
 from redis.commands.core import Script
 
 from ..errors import InvalidBackendOptions, LockBackendError
-from ..keys import digest_keys_start, lock_kind
-from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord, parse_lock
+from ..keys import digest_keys_start, in_hand_key, lock_kind
+from .base import (
+    HELD,
+    LAPSED,
+    SUPERSEDED,
+    Acquisition,
+    Holder,
+    LockBackend,
+    LockRecord,
+    MessagesInHand,
+    parse_lock,
+)
 from .native_connection import native_client
 
 #: What redis-py raises when Redis cannot be reached or fails. RedisClusterException is
@@ -141,6 +151,8 @@ class RedisBackend(LockBackend):
         self._renew = script("renew")
         self._heartbeat = script("heartbeat")
         self._heartbeats = script("heartbeats")
+        self._messages_in_hand = script("messages_in_hand")
+        self._forget_workers = script("forget_workers")
         self._release_record = script("release_record")
         self._read = script("read")
         self._release_records = script("release_records")
@@ -279,21 +291,27 @@ class RedisBackend(LockBackend):
         reply = int(self._call(self._renew, [key], [owner, ttl, deadline or 0]))
         return None if reply < 0 else reply
 
-    def heartbeat(self, key: str, worker_id: str, *, ttl: int) -> int:
-        return int(self._call(self._heartbeat, [key], [worker_id, ttl]))
+    def heartbeat(self, key: str, worker_id: str, *, ttl: int, in_hand: MessagesInHand | None = None) -> int:
+        if in_hand is None:
+            return int(self._call(self._heartbeat, [key], [worker_id, ttl]))
+        return int(self._call(self._heartbeat, [key, in_hand_key(key)], [worker_id, ttl, in_hand.encode()]))
 
     def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
         reply = self._call(self._heartbeats, [key], [], writes=False)
         entries = reply[1:]
         return int(reply[0]), {_text(entries[i]): int(float(entries[i + 1])) for i in range(0, len(entries), 2)}
 
+    def messages_in_hand(self, key: str) -> tuple[int, dict[str, int], dict[str, MessagesInHand]]:
+        now, registry, published = self._call(self._messages_in_hand, [key, in_hand_key(key)], [], writes=False)
+        alive_until = {_text(registry[i]): int(float(registry[i + 1])) for i in range(0, len(registry), 2)}
+        in_hand = {
+            _text(published[i]): MessagesInHand.decode(_text(published[i + 1])) for i in range(0, len(published), 2)
+        }
+        return int(now), alive_until, in_hand
+
     def forget_workers(self, key: str, *, worker_id: str | None = None, before: int | None = None) -> int:
-        try:
-            if worker_id is not None:
-                return int(self.client.zrem(key, worker_id))
-            return int(self.client.zremrangebyscore(key, "-inf", f"({before}"))
-        except _REDIS_ERRORS as e:
-            raise _backend_error(e) from e
+        which = ["worker", worker_id] if worker_id is not None else ["before", before]
+        return int(self._call(self._forget_workers, [key, in_hand_key(key)], which))
 
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
         # A glob character in the prefix is escaped. SCAN costs O(count) per step.

@@ -8,7 +8,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..keys import digest_keys_start, lock_kind
-from .base import HELD, LAPSED, SUPERSEDED, Acquisition, Holder, LockBackend, LockRecord, format_record
+from .base import (
+    HELD,
+    LAPSED,
+    SUPERSEDED,
+    Acquisition,
+    Holder,
+    LockBackend,
+    LockRecord,
+    MessagesInHand,
+    format_record,
+)
 
 
 @dataclass
@@ -41,6 +51,7 @@ class StubBackend(LockBackend):
         self._locks: dict[str, _Lock] = {}
         self._replaced: dict[str, set[str]] = {}
         self._workers: dict[str, dict[str, int]] = {}
+        self._in_hand: dict[str, dict[str, MessagesInHand]] = {}
         self._values: dict[str, tuple[str, int]] = {}
         #: Counters: key -> (field -> count, expires_at).
         self._counts: dict[str, tuple[dict[str, int], int]] = {}
@@ -132,22 +143,32 @@ class StubBackend(LockBackend):
             place.expires_at = max(place.expires_at, target)
             return place.expires_at
 
-    def heartbeat(self, key: str, worker_id: str, *, ttl: int) -> int:
+    def heartbeat(self, key: str, worker_id: str, *, ttl: int, in_hand: MessagesInHand | None = None) -> int:
         with self._mutex:
             now = _now()
             self._workers.setdefault(key, {})[worker_id] = now + ttl
+            if in_hand is not None:
+                self._in_hand.setdefault(key, {})[worker_id] = in_hand
             return now
 
     def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
         with self._mutex:
             return _now(), dict(self._workers.get(key, {}))
 
+    def messages_in_hand(self, key: str) -> tuple[int, dict[str, int], dict[str, MessagesInHand]]:
+        with self._mutex:
+            return _now(), dict(self._workers.get(key, {})), dict(self._in_hand.get(key, {}))
+
     def forget_workers(self, key: str, *, worker_id: str | None = None, before: int | None = None) -> int:
         with self._mutex:
             workers = self._workers.get(key, {})
             gone = [w for w, alive in workers.items() if w == worker_id or (before is not None and alive < before)]
+            published = self._in_hand.get(key, {})
             for w in gone:
                 del workers[w]
+                published.pop(w, None)
+            if worker_id is not None:
+                published.pop(worker_id, None)
             return len(gone)
 
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
@@ -231,6 +252,7 @@ class StubBackend(LockBackend):
             self._locks.clear()
             self._replaced.clear()
             self._workers.clear()
+            self._in_hand.clear()
             self._values.clear()
             self._fences.clear()
             self._counts.clear()
