@@ -29,6 +29,9 @@ LEASE_LOST = "lease_lost"
 REAPED = "reaped"
 #: The lock backend failed to answer.
 BACKEND_ERROR = "backend_error"
+#: The lock store lost the data it held (a restart without persistence, a flush, a failover to a
+#: replica without the data, an eviction): every lock held until then is gone.
+DATA_LOST = "data_lost"
 #: A duplicate was enqueued again, to try the lock later.
 RESCHEDULED = "rescheduled"
 #: A duplicate goes to its dead-letter queue.
@@ -38,7 +41,19 @@ REPLACED = "replaced"
 
 #: Every kind of event, as passed to :meth:`Events.subscribe`.
 EVENT_KINDS = frozenset(
-    {ACQUIRED, CONFLICT, RELEASED, LAPSED, LEASE_LOST, REAPED, BACKEND_ERROR, RESCHEDULED, REJECTED, REPLACED}
+    {
+        ACQUIRED,
+        CONFLICT,
+        RELEASED,
+        LAPSED,
+        LEASE_LOST,
+        REAPED,
+        BACKEND_ERROR,
+        DATA_LOST,
+        RESCHEDULED,
+        REJECTED,
+        REPLACED,
+    }
 )
 
 
@@ -68,7 +83,8 @@ class LockEvent:
         lapsed when another message holds it now).
       delay(int): Milliseconds until the duplicate tries again (rescheduled).
       replaced(str): The message_id of the queued message whose place was taken (replaced).
-      reason(str): Why (reaped, rejected), or what failed (backend_error).
+      reason(str): Why (reaped, rejected), what failed (backend_error), or which part of
+        the store lost its data (data_lost).
       error(Exception): The error the backend raised (backend_error).
     """
 

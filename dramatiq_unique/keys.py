@@ -40,6 +40,13 @@ def in_hand_key(registry: str) -> str:
     return f"{{{registry}}}:in-hand"
 
 
+def epoch_key(prefix: str, shard: str | None = None) -> str:
+    """The key of the mark of the lock store's data: a random value written once, which
+    changes only when the data is lost. On a Redis Cluster there is one per master, each
+    under a ``shard`` hash tag that places it there."""
+    return f"{prefix}:epoch" if shard is None else f"{prefix}:epoch:{{{shard}}}"
+
+
 def activity_key(prefix: str, minute: int) -> str:
     """The key of the lock activity counts of ``minute`` (minutes since the epoch)."""
     return f"{prefix}:activity:{{activity}}:{minute}"

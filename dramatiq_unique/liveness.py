@@ -34,7 +34,7 @@ from functools import partial
 
 from .backends import LockBackend, MessagesInHand
 from .errors import LockBackendError
-from .events import BACKEND_ERROR, LEASE_LOST, Events, EventSubject, LockEvent
+from .events import BACKEND_ERROR, DATA_LOST, LEASE_LOST, Events, EventSubject, LockEvent
 from .keys import RUN, registry_key
 
 _worker_id: tuple[int, str] | None = None
@@ -95,6 +95,7 @@ class Liveness:
     ):
         self.backend = backend
         self.events = events
+        self.prefix = prefix
         self.registry_key = registry_key(prefix)
         #: The registries of the other lock prefixes this process's actors use.
         self._other_registries: tuple[str, ...] = ()
@@ -112,6 +113,9 @@ class Liveness:
         self._answered: tuple[int, float] | None = None
         #: Heartbeats that failed in a row.
         self._failed_heartbeats = 0
+        #: The marks of the store's data as last read (see LockBackend.epochs), and when (monotonic, s).
+        self._epochs: dict[str, str] = {}
+        self._epochs_read: float | None = None
         #: How the events of the periodic thread reach their subscribers: called at once, unless the
         #: runtime hands them to the thread of the Worker (a gevent hub), where the subscribers'
         #: own connections work.
@@ -161,6 +165,7 @@ class Liveness:
         now = self._beat()
         if now is None:
             return
+        self._data_lost()  # the marks this worker compares with from now on
         for key in self.registry_keys:
             try:  # processes killed long ago leave the registry, reaper or not
                 self.backend.forget_workers(key, before=now - 10 * self.lease_period)
@@ -248,7 +253,7 @@ class Liveness:
         now = self._beat()
         if now is None:
             return None
-        self._renew_due(stalled)
+        self._renew_due(stalled, data_lost=self._data_lost())
         self._retry_releases()
         return now
 
@@ -312,13 +317,47 @@ class Liveness:
             )
             self._failed_heartbeats = 0
 
-    def _renew_due(self, stalled: int | None) -> None:
+    def _data_lost(self) -> bool:
+        """Whether the store lost its data since the marks were last read: say so if it did."""
+        try:
+            epochs = self.backend.epochs(self.prefix)
+        except LockBackendError as e:
+            self._backend_failed("heartbeat", e)
+            return False
+        read_at, previous_read = time.monotonic(), self._epochs_read
+        changed = sorted(key for key, mark in epochs.items() if self._epochs.get(key, mark) != mark)
+        self._epochs, self._epochs_read = epochs, read_at
+        if not changed or previous_read is None:
+            return False
+        self.logger.error(
+            "The lock store lost its data: %s changed between two heartbeats of worker %r, at most %d ms apart. "
+            "It restarted without persistence, was flushed, failed over to a replica that did not have the data, "
+            "or evicted this library's keys. Every lock held until then is gone: until the messages that held "
+            "them have finished, a duplicate may be enqueued and run beside them. Give the lock store persistence "
+            "(appendonly yes) and maxmemory-policy noeviction (see Deploying the lock store in the docs).",
+            ", ".join(f"the mark {key!r}" for key in changed),
+            self.worker_id,
+            int((read_at - previous_read) * 1000),
+        )
+        for key in changed:
+            self.tell(
+                partial(
+                    self.events.notify,
+                    DATA_LOST,
+                    "",
+                    partial(LockEvent, kind=DATA_LOST, actor_name="", queue_name="", reason=key),
+                )
+            )
+        return True
+
+    def _renew_due(self, stalled: int | None, *, data_lost: bool = False) -> None:
         now = self.backend_time()
         if now is None:
             return
+        # After a loss of the store's data, every lease is looked at at once: each lost one is told as such.
         horizon = now + 2 * self.heartbeat_interval
         with self._mutex:
-            due = [(k, lease) for k, lease in self._leases.items() if lease.expires_at <= horizon]
+            due = [(k, lease) for k, lease in self._leases.items() if data_lost or lease.expires_at <= horizon]
         lost: list[tuple[str, _Lease]] = []
         for (key, owner), lease in due:
             try:
@@ -343,10 +382,16 @@ class Liveness:
             if expires_at is None:
                 lost.append((key, lease))
         self._renewed_at = time.monotonic()
-        if lost and stalled is not None:
+        if lost and data_lost:
+            self.logger.warning(
+                "The run lock(s) %s went with the lock store's data while their messages were still running. "
+                "Another copy may run now.",
+                ", ".join(repr(key) for key, _ in lost),
+            )
+        elif lost and stalled is not None:
             self._report_stalled([key for key, _ in lost], stalled)
         for key, lease in lost:
-            if stalled is None:
+            if stalled is None and not data_lost:
                 self._report_lapsed(key)
             self.tell(partial(self.events.notify_about, lease.subject, LEASE_LOST, lock_kind=RUN))
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from dramatiq import Broker, Middleware
 
-from .events import ACQUIRED, BACKEND_ERROR, CONFLICT, LEASE_LOST, REAPED, RELEASED, LockEvent
+from .events import ACQUIRED, BACKEND_ERROR, CONFLICT, DATA_LOST, LEASE_LOST, REAPED, RELEASED, LockEvent
 
 #: Each counter: the event kind it counts, its name, its help and its labels beyond queue and actor.
 COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -35,6 +35,11 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     RELEASED: ("dramatiq_unique_releases", "The number of places given up in locks.", ()),
     REAPED: ("dramatiq_unique_reaped", "The number of orphaned lock places released by the orphan reaper.", ()),
     BACKEND_ERROR: ("dramatiq_unique_backend_errors", "The number of failed calls to the lock backend.", ()),
+    DATA_LOST: (
+        "dramatiq_unique_data_losses",
+        "The number of times this process found that the lock store had lost its data.",
+        (),
+    ),
     LEASE_LOST: (
         "dramatiq_unique_leases_lost",
         "The number of run locks that lapsed while their message was running.",

@@ -765,3 +765,28 @@ def test_release_many_gives_up_each_place_as_release_does(backend):
     assert backend.release_many([]) == []
     for i, key in enumerate(keys):
         assert backend.acquire(key, f"n{i}", limit=1, ttl=None, holder=holder(f"n{i}")).acquired
+
+
+def test_the_marks_of_the_stores_data_change_only_when_it_is_lost(backend, request):
+    # Issue 20: one mark per node (per master of a cluster), written once; a flush of one master
+    # changes its mark only.
+    marks = backend.epochs("dramatiq-unique")
+    assert backend.epochs("dramatiq-unique") == marks
+    client = getattr(backend, "client", None)
+    if isinstance(backend, StubBackend):
+        assert list(marks) == ["dramatiq-unique:epoch"]
+        flushed = "dramatiq-unique:epoch"
+        backend.flush()
+    elif isinstance(client, redis.RedisCluster):
+        masters = client.get_primaries()
+        assert len(marks) == len(masters)
+        assert len({client.get_node_from_key(key).name for key in marks}) == len(masters)
+        flushed = sorted(marks)[0]
+        client.flushall(target_nodes=client.get_node_from_key(flushed))
+    else:
+        assert list(marks) == ["dramatiq-unique:epoch"]
+        flushed = "dramatiq-unique:epoch"
+        client.flushall()
+    after = backend.epochs("dramatiq-unique")
+    assert after.keys() == marks.keys()
+    assert {key for key in marks if after[key] != marks[key]} == {flushed}

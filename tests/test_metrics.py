@@ -36,6 +36,7 @@ COUNTERS = (
     "dramatiq_unique_reaped_total",
     "dramatiq_unique_backend_errors_total",
     "dramatiq_unique_leases_lost_total",
+    "dramatiq_unique_data_losses_total",
 )
 
 

@@ -462,6 +462,17 @@ class LockBackend(abc.ABC):
           int: How many were removed.
         """
 
+    def epochs(self, prefix: str) -> dict[str, str]:
+        """The mark of each part of the store (a node; each master of a Redis Cluster),
+        written where it is missing: a random value that changes only when that part lost
+        its data. Under ``prefix``, the middleware's lock prefix.
+
+        Returns:
+          dict: The key of each mark -> its value. This implementation knows of no part: a
+          backend that can tell a loss of its data says.
+        """
+        return {}
+
     # The orphan reaper ----------------------------------------------------------
 
     @abc.abstractmethod

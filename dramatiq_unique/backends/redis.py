@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
@@ -13,7 +14,7 @@ import redis.sentinel
 from redis.commands.core import Script
 
 from ..errors import InvalidBackendOptions, LockBackendError
-from ..keys import digest_keys_start, in_hand_key, lock_kind
+from ..keys import digest_keys_start, epoch_key, in_hand_key, lock_kind
 from .base import (
     HELD,
     LAPSED,
@@ -33,6 +34,8 @@ _REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
 
 #: How often a change sent with WAIT follows NOSCRIPT, MOVED and ASK answers before it gives up.
 _REDIRECTS = 5
+#: The hash slots of a Redis Cluster.
+_SLOTS = 16384
 
 #: The Lua functions every script starts with.
 _LIBRARY = "holders"
@@ -153,6 +156,7 @@ class RedisBackend(LockBackend):
         self._heartbeats = script("heartbeats")
         self._messages_in_hand = script("messages_in_hand")
         self._forget_workers = script("forget_workers")
+        self._epoch = script("epoch")
         self._release_record = script("release_record")
         self._read = script("read")
         self._release_records = script("release_records")
@@ -349,6 +353,31 @@ class RedisBackend(LockBackend):
         if position == 0:
             index, position = index + 1, 0
         return ("0" if index >= len(nodes) else f"{index}:{position}"), list(keys)
+
+    def epochs(self, prefix: str) -> dict[str, str]:
+        # Not waited for by replicas (min_replicas): a failover to a replica that missed it is a loss too.
+        return {
+            key: _text(self._call(self._epoch, [key], [uuid.uuid4().hex], writes=False))
+            for key in self._epoch_keys(prefix)
+        }
+
+    def _epoch_keys(self, prefix: str) -> list[str]:
+        """One mark on a single Redis; on a cluster, one on each master, under the first
+        hash tag that places a mark there."""
+        if not isinstance(self.client, redis.RedisCluster):
+            return [epoch_key(prefix)]
+        client: Any = self.client
+        try:
+            masters = {node.name for node in client.get_primaries()}
+            keys: dict[str, str] = {}
+            for shard in range(_SLOTS * 4):
+                key = epoch_key(prefix, str(shard))
+                keys.setdefault(client.nodes_manager.get_node_from_slot(client.keyslot(key)).name, key)
+                if len(keys) >= len(masters):
+                    break
+        except _REDIS_ERRORS as e:
+            raise _backend_error(e) from e
+        return sorted(keys.values())
 
     def release_record(self, key: str, owner: str, record: str) -> bool:
         return bool(self._call(self._release_record, [key], [owner, record]))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..keys import digest_keys_start, lock_kind
+from ..keys import digest_keys_start, epoch_key, lock_kind
 from .base import (
     HELD,
     LAPSED,
@@ -52,6 +53,7 @@ class StubBackend(LockBackend):
         self._replaced: dict[str, set[str]] = {}
         self._workers: dict[str, dict[str, int]] = {}
         self._in_hand: dict[str, dict[str, MessagesInHand]] = {}
+        self._marks: dict[str, str] = {}
         self._values: dict[str, tuple[str, int]] = {}
         #: Counters: key -> (field -> count, expires_at).
         self._counts: dict[str, tuple[dict[str, int], int]] = {}
@@ -246,9 +248,15 @@ class StubBackend(LockBackend):
                 answers.append(dict(kept) if expires_at > now else {})
             return answers
 
-    def flush(self) -> None:
-        """Drop every lock, worker, value and counter."""
+    def epochs(self, prefix: str) -> dict[str, str]:
+        key = epoch_key(prefix)
         with self._mutex:
+            return {key: self._marks.setdefault(key, uuid.uuid4().hex)}
+
+    def flush(self) -> None:
+        """Drop every lock, worker, value and counter: the data a restart without persistence loses."""
+        with self._mutex:
+            self._marks.clear()
             self._locks.clear()
             self._replaced.clear()
             self._workers.clear()

@@ -1,0 +1,106 @@
+"""A lock store that loses its data (issue 20): a redis-server without persistence SIGKILLed and
+started again empty, or flushed, while a real Worker holds locks on it. The broker is a RedisBroker
+on another Redis, so that only the lock store loses its data.
+
+Each worker finds the loss at its next heartbeat: the store's mark, written once, has changed.
+It says so once, as an ERROR, a ``data_lost`` event and a Prometheus counter.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from dramatiq.brokers.redis import RedisBroker
+from prometheus_client import CollectorRegistry
+
+from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
+
+from .support import Env, Gate, wait_for
+from .test_outages import RedisProcess
+
+HEARTBEAT = 200
+
+
+@pytest.fixture
+def store(tmp_path):
+    process = RedisProcess(tmp_path)
+    process.start()
+    yield process
+    process.kill()
+
+
+@pytest.fixture
+def loss_env(store, redis_client):
+    broker = RedisBroker(client=redis_client)
+    broker.emit_after("process_boot")
+    metrics = CollectorRegistry()
+    middleware = UniqueJobs(
+        backend=RedisBackend(client=store.client()), lease_period=1000, heartbeat_interval=HEARTBEAT, metrics=metrics
+    )
+    env = Env("redis", broker, middleware.backend, middleware)
+    env.metrics = metrics
+    yield from env.run()
+
+
+def losses(env) -> float:
+    return env.metrics.get_sample_value("dramatiq_unique_data_losses_total", {"queue_name": "", "actor_name": ""}) or 0
+
+
+@pytest.mark.parametrize("how", ["restart without persistence", "flushall"])
+def test_a_worker_says_once_that_the_lock_store_lost_its_data(loss_env, store, caplog, how):
+    env, gate = loss_env, Gate()
+    told = []
+    env.middleware.subscribe("data_lost", told.append)
+
+    @env.actor(lock="while_executing", lock_args_method=lambda account: [account])
+    def sync(account):
+        gate.enter(account)
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    env.worker(threads=2)
+    sync.send(42)
+    wait_for(lambda: gate.count(42) == 1)
+    with caplog.at_level(logging.INFO, logger="dramatiq_unique"):
+        waiting = settle.send_with_options(args=("evt_1",), delay=60_000)
+        assert enqueue_outcome(waiting).enqueued
+        assert "lost its data" not in caplog.text  # a store that keeps its data is no loss
+        if how == "flushall":
+            store.client().flushall()
+        else:
+            store.kill()
+            store.start()
+        wait_for(lambda: told, timeout=5)
+        wait_for(lambda: "went with the lock store's data" in caplog.text, timeout=5)
+        gate.open()
+        wait_for(lambda: gate.running[42] == 0)
+
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("The lock store lost its data: the mark 'dramatiq-unique:epoch' changed")
+    assert "persistence (appendonly yes) and maxmemory-policy noeviction" in errors[0]
+    assert [(event.kind, event.reason) for event in told] == [("data_lost", "dramatiq-unique:epoch")]
+    assert losses(env) == 1
+    # The running sync's run lock is reported as gone with the data, not as a lease that ran out.
+    assert "its lease ran out" not in caplog.text
+
+
+def test_a_worker_that_boots_on_an_empty_store_says_nothing(loss_env, caplog):
+    env = loss_env
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    with caplog.at_level(logging.INFO, logger="dramatiq_unique"):
+        env.worker(threads=1)
+        settle.send("evt_1")
+        env.join(settle)
+        wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+        time = env.middleware.liveness._epochs_read
+        wait_for(lambda: env.middleware.liveness._epochs_read != time)  # one more heartbeat
+    assert "lost its data" not in caplog.text
+    assert losses(env) == 0
