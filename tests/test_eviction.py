@@ -15,6 +15,7 @@ from dramatiq.brokers.stub import StubBroker
 
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.backends import EvictionRisk
+from dramatiq_unique.eviction import eviction_warning
 
 from .cluster import _executables
 from .support import Env, unique_warnings
@@ -288,3 +289,12 @@ def test_every_master_of_a_cluster_is_read(redis_cluster, cluster_client, caplog
         for node in masters:
             node.config_set("maxmemory", "0")
             node.config_set("maxmemory-policy", "noeviction")
+
+
+def test_the_docs_show_the_warning_as_it_is_logged():
+    page = (Path(__file__).resolve().parent.parent / "docs" / "deploying-the-lock-store.md").read_text()
+    risk = EvictionRisk(server="locks:6379", policy="allkeys-lru", maxmemory=20 * 1024 * 1024)
+    assert f"[WARNING] {eviction_warning('allkeys-lru', [risk])}\n" in page
+    assert " ".join(VOLATILE_WARNING.split("it evicts ")[1].split(", and a duplicate")[0].split()) in " ".join(
+        page.split()
+    )
