@@ -43,13 +43,13 @@ class EvictionCheck:
         try:
             risks = self.backend.eviction_risks()
         except Exception as e:
-            # Only advice is lost: an ACL that denies INFO, or a store that is down now (the send
-            # or the heartbeat meets that and says so), must not stop a worker's boot or a send.
+            # Only advice is lost: an ACL that denies INFO, or a store that is down now, must not
+            # stop a worker's boot or a send. No traceback: the send or the heartbeat that meets an
+            # outage reports it, and the error names what refused.
             self.logger.info(
                 "The lock store's maxmemory-policy could not be read (%s). Make sure it is noeviction: "
                 "a store that evicts keys when its memory is full drops locks, and duplicates run.",
                 e,
-                exc_info=self.logger.isEnabledFor(logging.DEBUG),
             )
             return
         for policy, same in groupby(sorted(risks, key=lambda r: r.policy), key=lambda r: r.policy):
