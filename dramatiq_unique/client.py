@@ -61,6 +61,8 @@ class ClientSide:
       outage(Outage): What a backend failure does.
       processed(collections.abc.Callable): The worker side's answer to which
         message this thread processes, and its locks (``None``, ``None`` outside a worker thread).
+      check_store(collections.abc.Callable): Checks the lock store's eviction policy the first
+        time it is called, before the first enqueue lock is taken; later calls cost nothing.
       logger(logging.Logger): The middleware's logger.
     """
 
@@ -71,12 +73,14 @@ class ClientSide:
         locks: LockFactory,
         outage: Outage,
         processed: Callable[[], tuple[MessageProxy | None, MessageLock | None]],
+        check_store: Callable[[], None],
         logger: logging.Logger,
     ):
         self.configs = configs
         self.lock_for = locks.build
         self.outage = outage
         self.processed = processed
+        self.check_store = check_store
         self.logger = logger
         self._check_message_options = MessageOptionsCheck(logger)
         self._guarded_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
@@ -166,6 +170,8 @@ class ClientSide:
         if not config.lock.locks_at_enqueue:
             lock.record_enqueued()
             return
+        # A process that only sends meets the lock store here first.
+        self.check_store()
         try:
             acquisition = lock.acquire_enqueue(delay)
         except LockBackendError as e:

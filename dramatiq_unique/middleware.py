@@ -19,6 +19,7 @@ from .client import ClientSide
 from .default_backend import default_backend
 from .errors import InvalidLockOptions, UniqueError
 from .events import Events, Subscriber
+from .eviction import EvictionCheck
 from .keys import reaper_schedule_key
 from .lock import LockFactory
 from .metrics import PrometheusMetrics, warn_if_prometheus_follows
@@ -232,6 +233,8 @@ class UniqueJobs(Middleware):
         locks = LockFactory(
             backend=backend, logger=self.logger, liveness=self.liveness, events=self.events, releases=self.releases
         )
+        # The check of the lock store's eviction policy, at the worker's boot or the first send.
+        self._eviction_check = EvictionCheck(backend, logger=self.logger)
         outage = Outage(
             on_backend_error=on_backend_error, logger=self.logger, releases_retried=lambda: self.runtime.running
         )
@@ -241,6 +244,7 @@ class UniqueJobs(Middleware):
             locks=locks,
             outage=outage,
             processed=self.worker_side.processed,
+            check_store=self._eviction_check,
             logger=self.logger,
         )
         # Last: the parts above are complete before any thread sees the backend as chosen.
@@ -348,6 +352,8 @@ class UniqueJobs(Middleware):
 
     def before_worker_boot(self, broker: Broker, worker: Any) -> None:
         self.resolve_backend(broker)
+        # Before the worker takes any lock: a store that may evict them is reported while none is lost.
+        self._eviction_check()
         warn_if_prometheus_follows(broker, self, self.logger)
         if self.metrics is not None:
             # In a worker process, after Dramatiq's Prometheus middleware chose where values go.

@@ -27,13 +27,16 @@ from .support import Env, Gate, unique_warnings, wait_for
 
 
 class RedisProcess:
-    """A redis-server we can stop and start again on the same port, keeping its data."""
+    """A redis-server we can stop and start again on the same port, keeping its data; started by
+    ``executable`` (the tests' redis-server by default) with more command-line ``options``."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, *, executable: str | None = None, options: tuple[str, ...] = ()):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.directory = directory
+        self.executable = executable or redis_server_executable()
+        self.options = options
         self.proc: subprocess.Popen | None = None
 
     def client(self) -> redis.Redis:
@@ -43,9 +46,10 @@ class RedisProcess:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [
-                redis_server_executable(),
+                self.executable,
                 *("--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory)),
                 *("--save", "", "--appendonly", "no", "--dbfilename", "dump.rdb"),
+                *self.options,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

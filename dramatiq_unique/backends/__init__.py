@@ -1,7 +1,16 @@
 """Lock backends: where locks are stored."""
 
-from .base import Acquisition, Holder, LockBackend, LockRecord, MessagesInHand
+from .base import Acquisition, EvictionRisk, Holder, LockBackend, LockRecord, MessagesInHand
 from .redis import RedisBackend
 from .stub import StubBackend
 
-__all__ = ["Acquisition", "Holder", "LockBackend", "LockRecord", "MessagesInHand", "RedisBackend", "StubBackend"]
+__all__ = [
+    "Acquisition",
+    "EvictionRisk",
+    "Holder",
+    "LockBackend",
+    "LockRecord",
+    "MessagesInHand",
+    "RedisBackend",
+    "StubBackend",
+]

@@ -314,6 +314,22 @@ class MessagesInHand:
         return cls(frozenset(data["ids"]), bool(data["complete"]), int(data["at"]), int(data["every"]))
 
 
+@dataclass(frozen=True)
+class EvictionRisk:
+    """A server of the lock store that evicts keys when its memory is full, so that it may
+    drop held locks: its ``maxmemory-policy`` is not ``noeviction`` and its ``maxmemory`` is set.
+
+    Parameters:
+      server(str): The server, e.g. ``"10.0.0.5:6379"``.
+      policy(str): Its ``maxmemory-policy``, e.g. ``"allkeys-lru"``.
+      maxmemory(int): Its memory limit, in bytes.
+    """
+
+    server: str
+    policy: str
+    maxmemory: int
+
+
 class LockBackend(abc.ABC):
     """Stores locks. Implementations must be safe to share between threads.
 
@@ -328,6 +344,15 @@ class LockBackend(abc.ABC):
         gevent worker's run locks are then renewed from a greenlet.
         """
         return None
+
+    def eviction_risks(self) -> tuple[EvictionRisk, ...]:
+        """The servers of the storage that may evict locks when their memory is full. This
+        implementation knows of none: a backend that can tell says.
+
+        Raises:
+          LockBackendError: If the storage cannot be asked.
+        """
+        return ()
 
     @abc.abstractmethod
     def acquire(

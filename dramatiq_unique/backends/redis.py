@@ -20,6 +20,7 @@ from .base import (
     LAPSED,
     SUPERSEDED,
     Acquisition,
+    EvictionRisk,
     Holder,
     LockBackend,
     LockRecord,
@@ -51,6 +52,18 @@ DEFAULT_FENCE_RETENTION = 20 * 60 * 1000
 
 #: How long a transition waits for its replicas (``min_replicas``) by default, in milliseconds.
 DEFAULT_REPLICA_TIMEOUT = 1000
+
+#: The ``maxmemory-policy`` values of Redis and Valkey that evict keys when memory is full:
+#: ``allkeys-*`` any key, ``volatile-*`` the keys that expire.
+EVICTION_POLICIES = (
+    "allkeys-lru",
+    "allkeys-lfu",
+    "allkeys-random",
+    "volatile-lru",
+    "volatile-lfu",
+    "volatile-random",
+    "volatile-ttl",
+)
 
 
 def _script_source(name: str, *, fence_retention: int) -> str:
@@ -94,6 +107,10 @@ class RedisBackend(LockBackend):
         waits for none. See docs/failover.md.
       replica_timeout(int): Milliseconds a change waits for its
         ``min_replicas`` replicas. The client's ``socket_timeout`` must be longer.
+      accepted_eviction_policy(str): A ``maxmemory-policy`` that may evict locks (e.g.
+        ``"volatile-lru"``) which you accept knowingly on this lock store: a worker's boot
+        and the first send then log no WARNING about it. ``None``, the default, accepts none.
+        See docs/deploying-the-lock-store.md.
       **parameters: Connection parameters passed to :class:`redis.Redis`, or
         added to those of the URL (e.g. ``socket_timeout``), or passed to
         the Sentinel ``master_for`` client.
@@ -102,7 +119,8 @@ class RedisBackend(LockBackend):
       InvalidBackendOptions: A ``ValueError``, if the URL or the Sentinel
         options cannot be used. Its message quotes no part of the URL and no
         connection parameter.
-      ValueError: If ``fence_retention``, ``min_replicas`` or ``replica_timeout`` is not valid.
+      ValueError: If ``fence_retention``, ``min_replicas``, ``replica_timeout`` or
+        ``accepted_eviction_policy`` is not valid.
     """
 
     #: How long, in seconds, a call is tried again while Redis Cluster cannot run it yet
@@ -122,12 +140,18 @@ class RedisBackend(LockBackend):
         fence_retention: int = DEFAULT_FENCE_RETENTION,
         min_replicas: int = 0,
         replica_timeout: int = DEFAULT_REPLICA_TIMEOUT,
+        accepted_eviction_policy: str | None = None,
         **parameters: Any,
     ):
         _check_integer("fence_retention", fence_retention, minimum=0, unit="milliseconds")
         _check_integer("min_replicas", min_replicas, minimum=0, unit="replicas")
         # WAIT's timeout 0 would block forever.
         _check_integer("replica_timeout", replica_timeout, minimum=1, unit="milliseconds")
+        if accepted_eviction_policy is not None and accepted_eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"RedisBackend has an invalid accepted_eviction_policy={accepted_eviction_policy!r}: it must be None "
+                f"or the maxmemory-policy you accept, one of {', '.join(map(repr, EVICTION_POLICIES))}."
+            )
         if client is None:
             if sentinels is not None or service_name is not None or sentinel_parameters is not None:
                 client = _client_from_sentinels(url, sentinels, service_name, sentinel_parameters, parameters)
@@ -139,6 +163,7 @@ class RedisBackend(LockBackend):
         self.fence_retention = fence_retention
         self.min_replicas = min_replicas
         self.replica_timeout = replica_timeout
+        self.accepted_eviction_policy = accepted_eviction_policy
         #: Set after a cluster node failed to answer: the slot map is read again before the next change.
         self._stale_slots = False
 
@@ -170,6 +195,7 @@ class RedisBackend(LockBackend):
         fence_retention: int = DEFAULT_FENCE_RETENTION,
         min_replicas: int = 0,
         replica_timeout: int = DEFAULT_REPLICA_TIMEOUT,
+        accepted_eviction_policy: str | None = None,
         **parameters: Any,
     ) -> RedisBackend:
         """A backend on the Redis at ``url``, or on its whole Redis Cluster when
@@ -181,6 +207,7 @@ class RedisBackend(LockBackend):
           fence_retention(int): As for :class:`RedisBackend`.
           min_replicas(int): As for :class:`RedisBackend`.
           replica_timeout(int): As for :class:`RedisBackend`.
+          accepted_eviction_policy(str): As for :class:`RedisBackend`.
           **parameters: Connection parameters, e.g. ``socket_timeout``, for the
             client of the server or of the cluster.
 
@@ -193,6 +220,7 @@ class RedisBackend(LockBackend):
             fence_retention=fence_retention,
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
+            accepted_eviction_policy=accepted_eviction_policy,
             **parameters,
         )
         try:
@@ -213,7 +241,11 @@ class RedisBackend(LockBackend):
         except _REDIS_ERRORS as e:
             raise LockBackendError(f"Cannot reach the Redis Cluster: {type(e).__name__}: {e}") from None
         return cls(
-            client=client, fence_retention=fence_retention, min_replicas=min_replicas, replica_timeout=replica_timeout
+            client=client,
+            fence_retention=fence_retention,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
+            accepted_eviction_policy=accepted_eviction_policy,
         )
 
     def for_native_thread(self) -> RedisBackend | None:
@@ -228,7 +260,28 @@ class RedisBackend(LockBackend):
             fence_retention=self.fence_retention,
             min_replicas=self.min_replicas,
             replica_timeout=self.replica_timeout,
+            accepted_eviction_policy=self.accepted_eviction_policy,
         )
+
+    def eviction_risks(self) -> tuple[EvictionRisk, ...]:
+        """The servers whose ``maxmemory-policy`` may evict locks, as ``INFO memory`` reports it
+        (managed services often disable ``CONFIG``): on Redis Cluster, every master. A server
+        without ``maxmemory`` evicts nothing, and ``accepted_eviction_policy`` is no risk."""
+        client: Any = self.client
+        try:
+            if _is_cluster(client):
+                reports = {node.name: client.info("memory", target_nodes=node) for node in client.get_primaries()}
+            else:
+                reports = {_server_name(client): client.info("memory")}
+        except _REDIS_ERRORS as e:
+            raise _backend_error(e) from e
+        risks = []
+        for server, report in sorted(reports.items()):
+            policy, maxmemory = report.get("maxmemory_policy"), int(report.get("maxmemory", 0))
+            if policy in (None, "noeviction", self.accepted_eviction_policy) or not maxmemory:
+                continue
+            risks.append(EvictionRisk(server=server, policy=str(policy), maxmemory=maxmemory))
+        return tuple(risks)
 
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
@@ -634,6 +687,17 @@ def _url_error(problem: str) -> str:
 def _backend_error(e: Exception) -> LockBackendError:
     # The error names host and port at most, never credentials.
     return LockBackendError(f"The Redis lock backend failed: {type(e).__name__}: {e}")
+
+
+def _server_name(client: Any) -> str:
+    """``host:port`` of a client of one server, its socket path, or its Sentinel service name."""
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    if "path" in kwargs:
+        return str(kwargs["path"])
+    if hasattr(pool, "service_name"):
+        return f"the primary of Sentinel service {pool.service_name}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
 
 
 def _text(value: Any) -> str:

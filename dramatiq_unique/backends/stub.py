@@ -14,6 +14,7 @@ from .base import (
     LAPSED,
     SUPERSEDED,
     Acquisition,
+    EvictionRisk,
     Holder,
     LockBackend,
     LockRecord,
@@ -64,6 +65,10 @@ class StubBackend(LockBackend):
     def for_native_thread(self) -> StubBackend:
         """Itself: it holds no sockets."""
         return self
+
+    def eviction_risks(self) -> tuple[EvictionRisk, ...]:
+        """None: it keeps every lock until it is released or lapses, however many there are."""
+        return ()
 
     def acquire(
         self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0

@@ -1,0 +1,83 @@
+"""The check of the lock store's eviction policy, at a worker's boot or at the first send.
+
+A Redis that evicts keys when its memory is full drops held locks without a word, and a
+duplicate then runs. The check asks the backend once per process, before the first lock
+is taken, and says so at WARNING while nothing has been lost yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from itertools import groupby
+
+from .backends import EvictionRisk, LockBackend
+
+#: The units of ``maxmemory`` in redis.conf, largest first.
+_UNITS = (("gb", 1024**3), ("mb", 1024**2), ("kb", 1024))
+
+
+class EvictionCheck:
+    """Reads the lock store's eviction policy the first time it is called, and logs a WARNING
+    for each policy that may evict locks. Later calls cost nothing: the check sits on the
+    path of every send.
+
+    Parameters:
+      backend(LockBackend): The lock store.
+      logger(logging.Logger): Where to report.
+    """
+
+    def __init__(self, backend: LockBackend, *, logger: logging.Logger):
+        self.backend = backend
+        self.logger = logger
+        self._done = False
+        self._mutex = threading.Lock()
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        with self._mutex:
+            if self._done:
+                return
+            self._done = True
+        try:
+            risks = self.backend.eviction_risks()
+        except Exception as e:
+            # Only advice is lost: an ACL that denies INFO, or a store that is down now, must not
+            # stop a worker's boot or a send. No traceback: the send or the heartbeat that meets an
+            # outage reports it, and the error names what refused.
+            self.logger.info(
+                "The lock store's maxmemory-policy could not be read (%s). Make sure it is noeviction: "
+                "a store that evicts keys when its memory is full drops locks, and duplicates run.",
+                e,
+            )
+            return
+        for policy, same in groupby(sorted(risks, key=lambda r: r.policy), key=lambda r: r.policy):
+            self.logger.warning(eviction_warning(policy, list(same)))
+
+
+def eviction_warning(policy: str, risks: list[EvictionRisk]) -> str:
+    """The WARNING for the servers of ``risks``, which all have ``policy``."""
+    servers = ", ".join(risk.server for risk in risks)
+    sizes = ", ".join(sorted({_size(risk.maxmemory) for risk in risks}))
+    if policy.startswith("allkeys-"):
+        evicted = "any lock"
+    elif policy.startswith("volatile-"):
+        evicted = "the locks that expire: every run lock, and the enqueue locks of messages with a lock_ttl"
+    else:
+        evicted = "locks"
+    return (
+        f"The lock store's Redis ({servers}) has maxmemory-policy {policy}: when its data reaches maxmemory "
+        f"({sizes}), it evicts {evicted}, and a duplicate of the message that held it can be enqueued and run. "
+        "Set maxmemory-policy to noeviction (CONFIG SET maxmemory-policy noeviction, and the same in redis.conf; "
+        "on a managed service, in its parameter group), or accept the risk with "
+        f"RedisBackend(accepted_eviction_policy={policy!r})."
+    )
+
+
+def _size(maxmemory: int) -> str:
+    """``maxmemory`` as redis.conf writes it, e.g. ``20mb``."""
+    for unit, size in _UNITS:
+        if maxmemory % size == 0:
+            return f"{maxmemory // size}{unit}"
+    return f"{maxmemory} bytes"
