@@ -9,6 +9,8 @@ It says so once, as an ERROR, a ``data_lost`` event and a Prometheus counter.
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 from dramatiq.brokers.redis import RedisBroker
@@ -104,3 +106,20 @@ def test_a_worker_that_boots_on_an_empty_store_says_nothing(loss_env, caplog):
         wait_for(lambda: env.middleware.liveness._epochs_read != time)  # one more heartbeat
     assert "lost its data" not in caplog.text
     assert losses(env) == 0
+
+
+def test_the_docs_show_the_error_as_it_is_logged(loss_env, store, caplog):
+    env = loss_env
+    env.worker(threads=1)
+    with caplog.at_level(logging.ERROR, logger="dramatiq_unique"):
+        wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+        store.client().flushall()
+        wait_for(lambda: caplog.records, timeout=5)
+    logged = caplog.records[0].getMessage()
+    page = (Path(__file__).parents[1] / "docs" / "deploying-the-lock-store.md").read_text()
+    shown = " ".join(page.split("The lock store lost its data:", 1)[1].split("```", 1)[0].split())
+
+    def general(text: str) -> str:
+        return re.sub(r"worker '[^']+', at most \d+ ms", "worker W, at most N ms", text)
+
+    assert general("The lock store lost its data: " + shown) == general(logged)
