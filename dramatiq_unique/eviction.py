@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from itertools import groupby
 
 from .backends import EvictionRisk, LockBackend
 
+#: Seconds before a policy that could not be read is read again.
+_RETRY_AFTER = 60.0
 #: The units of ``maxmemory`` in redis.conf, largest first.
 _UNITS = (("gb", 1024**3), ("mb", 1024**2), ("kb", 1024))
 
@@ -31,27 +34,34 @@ class EvictionCheck:
         self.backend = backend
         self.logger = logger
         self._done = False
+        #: When to read the policy again after a read that failed (monotonic, s), and whether one failed.
+        self._retry_at = 0.0
+        self._failed = False
         self._mutex = threading.Lock()
 
     def __call__(self) -> None:
-        if self._done:
+        if self._done or time.monotonic() < self._retry_at:
             return
         with self._mutex:
-            if self._done:
+            if self._done or time.monotonic() < self._retry_at:
                 return
-            self._done = True
+            # One read at a time; one a minute while it fails, so a send during an outage costs nothing more.
+            self._retry_at = time.monotonic() + _RETRY_AFTER
         try:
             risks = self.backend.eviction_risks()
         except Exception as e:
             # Only advice is lost: an ACL that denies INFO, or a store that is down now, must not
             # stop a worker's boot or a send. No traceback: the send or the heartbeat that meets an
             # outage reports it, and the error names what refused.
-            self.logger.info(
-                "The lock store's maxmemory-policy could not be read (%s). Make sure it is noeviction: "
-                "a store that evicts keys when its memory is full drops locks, and duplicates run.",
-                e,
-            )
+            if not self._failed:
+                self._failed = True
+                self.logger.info(
+                    "The lock store's maxmemory-policy could not be read (%s). Make sure it is noeviction: "
+                    "a store that evicts keys when its memory is full drops locks, and duplicates run.",
+                    e,
+                )
             return
+        self._done = True
         for policy, same in groupby(sorted(risks, key=lambda r: r.policy), key=lambda r: r.policy):
             self.logger.warning(eviction_warning(policy, list(same)))
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from .backends import LockBackend, MessagesInHand
+from .backends import Holder, LockBackend, MessagesInHand
 from .errors import LockBackendError
 from .events import BACKEND_ERROR, DATA_LOST, LEASE_LOST, Events, EventSubject, LockEvent
 from .keys import RUN, registry_key
@@ -60,6 +60,9 @@ class _Lease:
     expires_at: int
     deadline: int | None
     subject: EventSubject
+    #: How to take the place again after the store lost its data: its lock's limit and its holder.
+    limit: int = 1
+    holder: Holder | None = None
 
 
 class Liveness:
@@ -165,7 +168,10 @@ class Liveness:
         now = self._beat()
         if now is None:
             return
-        self._data_lost()  # the marks this worker compares with from now on
+        # The marks this worker compares with from now on: what happened to the store while no
+        # Worker of this process ran (a test's flush between two Workers) is no loss it can tell.
+        self._epochs, self._epochs_read = {}, None
+        self._data_lost()
         for key in self.registry_keys:
             try:  # processes killed long ago leave the registry, reaper or not
                 self.backend.forget_workers(key, before=now - 10 * self.lease_period)
@@ -200,21 +206,35 @@ class Liveness:
         self._failed_heartbeats = 0
         self._last_round = None
         self._renewed_at = None
+        self._epochs, self._epochs_read = {}, None
         self.tell = _call
 
     # What the periodic thread looks after -----------------------------------------
 
     def hold(
-        self, key: str, owner: str, *, expires_at: int | None, deadline: int | None, subject: EventSubject
+        self,
+        key: str,
+        owner: str,
+        *,
+        expires_at: int | None,
+        deadline: int | None,
+        subject: EventSubject,
+        limit: int = 1,
+        holder: Holder | None = None,
     ) -> None:
         """Renew this run lock until :meth:`drop`; a place that never lapses needs nothing.
 
         Parameters:
           subject(EventSubject): What to tell of a lost lease, or of a renewal that failed.
+          limit(int): The lock's limit, and
+          holder(Holder): its holder's record: to take the place again when the store
+            lost its data while the message runs; ``None`` never does.
         """
         if expires_at and (deadline is None or expires_at < deadline):
             with self._mutex:
-                self._leases[(key, owner)] = _Lease(expires_at=expires_at, deadline=deadline, subject=subject)
+                self._leases[(key, owner)] = _Lease(
+                    expires_at=expires_at, deadline=deadline, subject=subject, limit=limit, holder=holder
+                )
 
     def drop(self, key: str, owner: str) -> None:
         """Stop renewing this run lock: its message finished. Tells of a lease that ran out
@@ -322,7 +342,7 @@ class Liveness:
         try:
             epochs = self.backend.epochs(self.prefix)
         except LockBackendError as e:
-            self._backend_failed("heartbeat", e)
+            self._backend_failed("data check", e)
             return False
         read_at, previous_read = time.monotonic(), self._epochs_read
         changed = sorted(key for key, mark in epochs.items() if self._epochs.get(key, mark) != mark)
@@ -331,23 +351,23 @@ class Liveness:
             return False
         self.logger.error(
             "The lock store lost its data: %s changed between two heartbeats of worker %r, at most %d ms apart. "
-            "It restarted without persistence, was flushed, failed over to a replica that did not have the data, "
-            "or evicted this library's keys. Every lock held until then is gone: until the messages that held "
-            "them have finished, a duplicate may be enqueued and run beside them. Give the lock store persistence "
-            "(appendonly yes) and maxmemory-policy noeviction (see Deploying the lock store in the docs).",
+            "It restarted without persistence, was flushed, or failed over to a replica that did not have the data. "
+            "Every lock held until then is gone: until the messages that held them have finished, a duplicate may "
+            "be enqueued and run beside them. Give the lock store persistence (appendonly yes) and "
+            "maxmemory-policy noeviction (see Deploying the lock store in the docs).",
             ", ".join(f"the mark {key!r}" for key in changed),
             self.worker_id,
             int((read_at - previous_read) * 1000),
         )
-        for key in changed:
-            self.tell(
-                partial(
-                    self.events.notify,
-                    DATA_LOST,
-                    "",
-                    partial(LockEvent, kind=DATA_LOST, actor_name="", queue_name="", reason=key),
-                )
+        reason = ", ".join(changed)
+        self.tell(
+            partial(
+                self.events.notify,
+                DATA_LOST,
+                "",
+                partial(LockEvent, kind=DATA_LOST, actor_name="", queue_name="", reason=reason),
             )
+        )
         return True
 
     def _renew_due(self, stalled: int | None, *, data_lost: bool = False) -> None:
@@ -359,9 +379,14 @@ class Liveness:
         with self._mutex:
             due = [(k, lease) for k, lease in self._leases.items() if data_lost or lease.expires_at <= horizon]
         lost: list[tuple[str, _Lease]] = []
+        retaken: list[str] = []
         for (key, owner), lease in due:
             try:
                 expires_at = self.backend.renew(key, owner, ttl=self.lease_period, deadline=lease.deadline)
+                if expires_at is None and data_lost and lease.holder is not None:
+                    expires_at = self._retake(key, owner, lease, now)
+                    if expires_at is not None:
+                        retaken.append(key)
             except LockBackendError as e:
                 self.logger.warning("The lease of run lock %r could not be renewed: %s", key, e)
                 self.tell(
@@ -382,20 +407,42 @@ class Liveness:
             if expires_at is None:
                 lost.append((key, lease))
         self._renewed_at = time.monotonic()
+        if retaken:
+            self.logger.warning(
+                "The run lock(s) %s went with the lock store's data while their messages were still running; "
+                "this worker took them again.",
+                ", ".join(repr(key) for key in retaken),
+            )
         if lost and data_lost:
             self.logger.warning(
-                "The run lock(s) %s went with the lock store's data while their messages were still running. "
-                "Another copy may run now.",
+                "The run lock(s) %s went with the lock store's data while their messages were still running, and "
+                "another copy took them since: it may run beside them now.",
                 ", ".join(repr(key) for key, _ in lost),
             )
         elif lost and stalled is not None:
             self._report_stalled([key for key, _ in lost], stalled)
         for key, lease in lost:
             if stalled is None and not data_lost:
-                self._report_lapsed(key)
+                self._report_lapsed(key, early=now < lease.expires_at)
             self.tell(partial(self.events.notify_about, lease.subject, LEASE_LOST, lock_kind=RUN))
 
-    def _report_lapsed(self, key: str) -> None:
+    def _retake(self, key: str, owner: str, lease: _Lease, now: int) -> int | None:
+        """Take a run lock that went with the store's data again; its new expiry, or ``None``
+        when another message holds it now. Never past its ``lock_ttl``."""
+        ttl = self.lease_period if lease.deadline is None else min(self.lease_period, lease.deadline - now)
+        if ttl <= 0 or lease.holder is None:
+            return None
+        acquisition = self.backend.acquire(key, owner, limit=lease.limit, ttl=ttl, holder=lease.holder)
+        return acquisition.expires_at if acquisition.acquired else None
+
+    def _report_lapsed(self, key: str, *, early: bool = False) -> None:
+        if early:
+            self.logger.warning(
+                "The run lock %r was removed while its message was still running, before its lease ran out: "
+                "the lock store evicted it (its maxmemory-policy), or it was freed by hand. Another copy may run now.",
+                key,
+            )
+            return
         self.logger.warning(
             "The run lock %r lapsed while its message was still running: its lease ran out "
             "before this worker renewed it. Another copy may run now.",

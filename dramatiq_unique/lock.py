@@ -465,7 +465,13 @@ class MessageLock:
                 if self.config.lock_ttl is not None:
                     deadline = acquisition.expires_at - ttl + self.config.lock_ttl
                 self.liveness.hold(
-                    self.run_key, owner, expires_at=acquisition.expires_at, deadline=deadline, subject=self.subject
+                    self.run_key,
+                    owner,
+                    expires_at=acquisition.expires_at,
+                    deadline=deadline,
+                    subject=self.subject,
+                    limit=self.config.lock_limit,
+                    holder=self._running_holder(),
                 )
 
     def _running_holder(self, *, enqueue_lock: bool = False) -> Holder:

@@ -76,7 +76,10 @@ def test_a_worker_says_once_that_the_lock_store_lost_its_data(loss_env, store, c
             store.kill()
             store.start()
         wait_for(lambda: told, timeout=5)
-        wait_for(lambda: "went with the lock store's data" in caplog.text, timeout=5)
+        wait_for(lambda: "this worker took them again" in caplog.text, timeout=5)
+        # The running sync holds its run lock again: a second one for the account does not run beside it.
+        sync.send(42)
+        env.wait_for_skips(1)
         gate.open()
         wait_for(lambda: gate.running[42] == 0)
 
@@ -86,8 +89,9 @@ def test_a_worker_says_once_that_the_lock_store_lost_its_data(loss_env, store, c
     assert "persistence (appendonly yes) and maxmemory-policy noeviction" in errors[0]
     assert [(event.kind, event.reason) for event in told] == [("data_lost", "dramatiq-unique:epoch")]
     assert losses(env) == 1
-    # The running sync's run lock is reported as gone with the data, not as a lease that ran out.
+    # The running sync's run lock is reported as gone with the data and taken again, not as a lease that ran out.
     assert "its lease ran out" not in caplog.text
+    assert gate.max_running[42] == 1 and gate.count(42) == 1
 
 
 def test_a_worker_that_boots_on_an_empty_store_says_nothing(loss_env, caplog):
@@ -123,3 +127,40 @@ def test_the_docs_show_the_error_as_it_is_logged(loss_env, store, caplog):
         return re.sub(r"worker '[^']+', at most \d+ ms", "worker W, at most N ms", text)
 
     assert general("The lock store lost its data: " + shown) == general(logged)
+
+
+def test_a_store_flushed_while_no_worker_of_the_process_runs_is_no_loss_it_reports(loss_env, store, caplog):
+    # The pattern of a test suite: flush the store, then boot a new Worker in the same process.
+    env = loss_env
+    with caplog.at_level(logging.INFO, logger="dramatiq_unique"):
+        first = env.worker(threads=1)
+        wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+        first.stop()
+        env.workers.remove(first)
+        store.client().flushall()
+        env.worker(threads=1)
+        read = env.middleware.liveness._epochs_read
+        wait_for(lambda: env.middleware.liveness._epochs_read != read)  # a heartbeat after the boot
+    assert "lost its data" not in caplog.text
+    assert losses(env) == 0
+
+
+def test_a_run_lock_removed_before_its_lease_ran_out_is_not_said_to_have_lapsed(loss_env, store, caplog):
+    # An eviction (or an unlock by hand) removes one run lock, the store's mark stays: no loss of
+    # data, and the lock is not reported as a lease that ran out.
+    env, gate = loss_env, Gate()
+
+    @env.actor(lock="while_executing")
+    def sync(account):
+        gate.enter(account, hold=0.0)
+
+    env.worker(threads=1)
+    sync.send(42)
+    wait_for(lambda: gate.count(42) == 1)
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+        (run_key,) = store.client().keys("dramatiq-unique:{*}:run")
+        store.client().delete(run_key)
+        wait_for(lambda: "was removed while its message was still running" in caplog.text, timeout=5)
+        gate.open()
+    assert "lost its data" not in caplog.text
+    assert "lapsed while its message was still running" not in caplog.text
