@@ -52,6 +52,11 @@ def activity_key(prefix: str, minute: int) -> str:
     return f"{prefix}:activity:{{activity}}:{minute}"
 
 
+def healing_key(prefix: str) -> str:
+    """The key of the lock the worker holds that rebuilds the enqueue locks after a loss of the store's data."""
+    return f"{prefix}:healing"
+
+
 def reaper_leader_key(prefix: str) -> str:
     """The key of the lock a reaper run holds while it works: one run at a time."""
     return f"{prefix}:reaper"

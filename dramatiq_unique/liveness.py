@@ -119,6 +119,8 @@ class Liveness:
         #: The marks of the store's data as last read (see LockBackend.epochs), and when (monotonic, s).
         self._epochs: dict[str, str] = {}
         self._epochs_read: float | None = None
+        #: Whether the last round found that the store lost its data.
+        self.found_data_loss = False
         #: How the events of the periodic thread reach their subscribers: called at once, unless the
         #: runtime hands them to the thread of the Worker (a gevent hub), where the subscribers'
         #: own connections work.
@@ -273,7 +275,8 @@ class Liveness:
         now = self._beat()
         if now is None:
             return None
-        self._renew_due(stalled, data_lost=self._data_lost())
+        self.found_data_loss = self._data_lost()
+        self._renew_due(stalled, data_lost=self.found_data_loss)
         self._retry_releases()
         return now
 

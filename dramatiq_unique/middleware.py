@@ -20,6 +20,7 @@ from .default_backend import default_backend
 from .errors import InvalidLockOptions, UniqueError
 from .events import Events, Subscriber
 from .eviction import EvictionCheck
+from .healing import Healing
 from .keys import reaper_schedule_key
 from .lock import LockFactory
 from .metrics import PrometheusMetrics, warn_if_prometheus_follows
@@ -224,6 +225,7 @@ class UniqueJobs(Middleware):
             background_releases=background_releases,
             activity=activity,
             periodic_tasks=periodic_tasks,
+            on_data_lost=lambda: self.healing(),
         )
         #: The parts of the runtime that each message's locks use.
         self.liveness = self.runtime.liveness
@@ -233,6 +235,8 @@ class UniqueJobs(Middleware):
         locks = LockFactory(
             backend=backend, logger=self.logger, liveness=self.liveness, events=self.events, releases=self.releases
         )
+        #: What a worker does once it found that the lock store lost its data.
+        self.healing = Healing(backend, prefix=lock_prefix, configs=self.configs, locks=locks, logger=self.logger)
         # The check of the lock store's eviction policy, at the worker's boot or the first send.
         self._eviction_check = EvictionCheck(backend, logger=self.logger)
         outage = Outage(
@@ -360,6 +364,7 @@ class UniqueJobs(Middleware):
             self.metrics.setup()
         if self.reaper_enabled:
             self.declare_reaper(broker)
+        self.healing.broker = broker
         # Before the consumers start: the worker is in the registry before it holds any run lock.
         self.runtime.worker_booted(worker, publish_in_hand=needs_messages_in_hand(broker))
 

@@ -85,6 +85,8 @@ class Runtime:
       activity(bool): Whether lock events are counted per minute in the backend.
       periodic_tasks(Sequence[collections.abc.Callable]): Called by each round of a worker's
         periodic thread with the backend's time, after the heartbeat.
+      on_data_lost(collections.abc.Callable): Called by the round that found that the lock
+        store lost its data, after the run locks of the running messages were taken again.
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class Runtime:
         background_releases: bool,
         activity: bool,
         periodic_tasks: Sequence[Callable[[int], None]] = (),
+        on_data_lost: Callable[[], None] | None = None,
     ):
         self.logger = logger
         #: In a process that gevent monkey-patched, the periodic thread is a native thread with a
@@ -140,6 +143,7 @@ class Runtime:
         if self.activity is not None:
             events.add_counter(self.activity)
         self._tasks = tuple(periodic_tasks)
+        self._on_data_lost = on_data_lost
         self._init_state()
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _reset_in_child(ref))
@@ -267,13 +271,19 @@ class Runtime:
         if now is None:
             return
         self._flush()
-        if self._tasks and self._hub is not None:
-            # The tasks send messages through the broker, whose gevent sockets only the hub's thread may use.
-            start_in_hub(self._hub, self._run_tasks, now)
+        data_lost = self.liveness.found_data_loss
+        if (self._tasks or data_lost) and self._hub is not None:
+            # The tasks read and send through the broker, whose gevent sockets only the hub's thread may use.
+            start_in_hub(self._hub, self._run_tasks, now, data_lost)
         else:
-            self._run_tasks(now)
+            self._run_tasks(now, data_lost)
 
-    def _run_tasks(self, now: int) -> None:
+    def _run_tasks(self, now: int, data_lost: bool = False) -> None:
+        if data_lost and self._on_data_lost is not None:
+            try:
+                self._on_data_lost()
+            except Exception:
+                self.logger.exception("Taking the locks again after the lock store lost its data failed.")
         for task in self._tasks:
             try:
                 task(now)

@@ -164,3 +164,32 @@ def test_a_run_lock_removed_before_its_lease_ran_out_is_not_said_to_have_lapsed(
         gate.open()
     assert "lost its data" not in caplog.text
     assert "lapsed while its message was still running" not in caplog.text
+
+
+def test_the_enqueue_locks_of_the_messages_redisbroker_keeps_are_taken_again(loss_env, store, caplog):
+    # Delayed payments wait in RedisBroker; the store restarts empty. Once a worker has found the
+    # loss, it takes their enqueue locks again from the broker's own records: a second send of
+    # each is a duplicate again, held by the original, and every payment runs once.
+    env = loss_env
+    runs = []
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_args_method=lambda event_id: [event_id])
+    def settle(event_id):
+        runs.append(event_id)
+
+    env.worker(threads=2)
+    firsts = [settle.send_with_options(args=(f"evt_{i}",), delay=3_000) for i in range(3)]
+    wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+        store.kill()
+        store.start()
+        wait_for(lambda: "took again the enqueue locks of 3 messages" in caplog.text, timeout=5)
+    for first in firsts:
+        again = settle.send(*first.args)
+        assert enqueue_outcome(again).status == "duplicate"
+        assert enqueue_outcome(again).holder == first.message_id
+    wait_for(lambda: len(runs) == 3, timeout=10)
+    env.join(settle)
+    assert sorted(runs) == ["evt_0", "evt_1", "evt_2"]
+    for first in firsts:
+        assert env.is_free(enqueue_outcome(first).digest)
