@@ -91,8 +91,8 @@ def rows(figures: Figures) -> dict[str, str]:
             f"{payments['enqueued']} / {payments['duplicate']} / {payments['refused']}"
         ),
         "sync sends enqueued": str(sum(s.kind == "sync" and s.status == "enqueued" for s in figures.sends)),
-        "lock keys before the kill (enqueue + run)": _keys(figures.keys_before),
-        "lock keys after restart + healing": _keys(figures.keys_after) if fault else "-",
+        "locks held before the kill: enqueue + run (keys)": _keys(figures.keys_before),
+        "locks held after restart + healing": _keys(figures.keys_after) if fault else "-",
         "sends refused while the store was down": (
             f"{len(outage)} over {outage[-1].at - outage[0].at:.1f} s" if outage else "0"
         ),
@@ -118,7 +118,7 @@ def rows(figures: Figures) -> dict[str, str]:
 
 
 def _keys(counted: Counter) -> str:
-    return f"{counted['enqueue']} + {counted['run']}"
+    return f"{counted['enqueue']} + {counted['run']} ({counted['keys']})"
 
 
 def _rebuilt(lines: list) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import redis
 
-from dramatiq_unique import LockBackendError, enqueue_outcome
+from dramatiq_unique import LockBackendError, RedisBackend, enqueue_outcome
 from dramatiq_unique.keys import lock_kind
 
 from . import data_loss_workers
@@ -213,12 +213,15 @@ def _overlaps(runs: list[Run]) -> list[tuple[Run, Run]]:
 
 
 def lock_keys(client: redis.Redis) -> Counter:
-    """The lock keys in the store, by kind (enqueue, run)."""
-    counted: Counter = Counter()
-    for key in client.scan_iter(f"{PREFIX}:{{*", count=1000):
-        kind = lock_kind(key.decode())
-        if kind is not None:
-            counted[kind] += 1
+    """The locks held in the store, by kind (enqueue, run), and its lock keys ("keys"): a released
+    lock's key stays a while, keeping its fencing token."""
+    keys = [key.decode() for key in client.scan_iter(f"{PREFIX}:{{*", count=1000) if lock_kind(key.decode())]
+    backend = RedisBackend(client=client)
+    counted: Counter = Counter(keys=len(keys))
+    for i in range(0, len(keys), 500):
+        _, records = backend.read(keys[i : i + 500])
+        for key in {record.key for record in records}:
+            counted[lock_kind(key)] += 1
     return counted
 
 
@@ -413,7 +416,7 @@ def describe(figures: Figures) -> list[str]:
         f"{figures.broker}, {'store killed and restarted empty' if figures.fault else 'no fault (control)'}, "
         f"{figures.seconds:.0f} s of load: {len(payments)} payment sends ({dict(statuses)}), "
         f"{len(syncs)} sync sends ({dict(Counter(send.status for send in syncs))})",
-        f"  lock keys before the kill: {dict(figures.keys_before)}; after the restart and healing: "
+        f"  locks held (and lock keys) before the kill: {dict(figures.keys_before)}; after the restart and healing: "
         f"{dict(figures.keys_after)}",
         f"  duplicate payments enqueued: {len(duplicates)} ({figures.in_window(duplicates)} between the kill "
         f"and the healing); events settled twice: {twice} ({twice_overlapping} with overlapping runs)",
