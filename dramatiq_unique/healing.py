@@ -22,7 +22,7 @@ from dramatiq.common import dq_name
 
 from .backends import Holder, LockBackend
 from .errors import InvalidLockOptions, LockBackendError
-from .keys import healing_key
+from .keys import healing_key, registry_key
 from .lock import LockFactory
 from .options import ActorConfigs
 from .outcome import ENQUEUED, enqueue_outcome
@@ -54,6 +54,7 @@ class Healing:
     ):
         self.backend = backend
         self.key = healing_key(prefix)
+        self.registry = registry_key(prefix)
         self.configs = configs
         self.locks = locks
         self.logger = logger
@@ -64,18 +65,14 @@ class Healing:
         from dramatiq.brokers.redis import RedisBroker
 
         broker = self.broker
-        if not isinstance(broker, RedisBroker):
-            self.logger.warning(
-                "The enqueue locks of the messages queued before the lock store lost its data are not taken again: "
-                "%s cannot be read. Until those messages have run, a duplicate of each may be enqueued.",
-                type(broker).__name__,
-            )
-            return
         owner = uuid.uuid4().hex
         holder = Holder(message_id=owner, actor="", queue="", lock="healing", state="running")
         try:
             if not self.backend.acquire(self.key, owner, limit=1, ttl=HEALING_TTL, holder=holder).acquired:
-                return  # another worker rebuilds them
+                return  # another worker found the same loss first
+            if not isinstance(broker, RedisBroker):
+                self._say_what_is_left(broker)
+                return
             taken, duplicates, in_hand = self._rebuild(broker)
         except LockBackendError as e:
             self.logger.error("The enqueue locks of the queued messages could not be taken again: %s", e)
@@ -87,6 +84,30 @@ class Healing:
             taken,
             duplicates,
             in_hand,
+        )
+
+    def _say_what_is_left(self, broker: Broker | None) -> None:
+        counted = ""
+        counts = getattr(broker, "get_queue_message_counts", None)
+        if broker is not None and counts is not None:  # RabbitMQ counts what waits in each queue
+            try:
+                waiting = sum(sum(counts(queue)[:2]) for queue in broker.get_declared_queues())
+            except Exception:
+                self.logger.debug("The messages waiting in the broker's queues could not be counted.", exc_info=True)
+            else:
+                # The rest are in workers' hands, which each worker publishes with its heartbeat.
+                now, alive_until, published = self.backend.messages_in_hand(self.registry)
+                held = len({i for worker in alive_until if worker in published for i in published[worker].message_ids})
+                counted = (
+                    f" {waiting} messages, locked or not, wait in its queues and delay queues now, and "
+                    f"{held} locked ones are in workers' hands."
+                )
+        self.logger.warning(
+            "The enqueue locks of the messages queued before the lock store lost its data are not taken again: "
+            "%s cannot be read message by message.%s Until those messages have run, a duplicate of each may be "
+            "enqueued.",
+            type(broker).__name__,
+            counted,
         )
 
     def _rebuild(self, broker: Any) -> tuple[int, int, int]:
@@ -118,7 +139,8 @@ def _kept_messages(broker: Any) -> Iterator[tuple[Message[Any], bool]]:
     there, not yet fetched by a worker."""
     client, namespace = broker.client, broker.namespace
     for queue in sorted(broker.get_declared_queues()):
-        for name in (queue, dq_name(queue)):
+        # The delay queue first: a due message moves to its queue before it leaves the delay queue.
+        for name in (dq_name(queue), queue):
             waiting = set(client.lrange(f"{namespace}:{name}", 0, -1))
             for redis_id, payload in client.hscan_iter(f"{namespace}:{name}.msgs"):
                 yield Message.decode(payload), redis_id in waiting

@@ -11,6 +11,8 @@ store): those are printed, not asserted.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from .data_loss_load import ERROR, NOT_REBUILT, REBUILT, describe, run_load
@@ -40,6 +42,8 @@ def test_rabbitmq_workers_say_what_the_lock_store_lost_under_load(redis_url, rab
 
     assert figures.errors_per_worker == {pid: 1 for pid in figures.worker_pids}, figures.output
     assert figures.lines(REBUILT) == []
-    assert 1 <= len(figures.lines(NOT_REBUILT)) <= len(figures.worker_pids)
+    (not_rebuilt,) = figures.lines(NOT_REBUILT)  # one worker says it, with the number left uncovered
+    uncovered = r"\d+ messages, locked or not, wait in its queues and delay queues now, and [1-9]\d* locked ones are in"
+    assert re.search(uncovered, not_rebuilt[3]), not_rebuilt
     assert figures.lost == []
     assert figures.sync_overlaps(sent_after=figures.detected_at) == []
