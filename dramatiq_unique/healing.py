@@ -96,7 +96,7 @@ class Healing:
                 self.logger.debug("The messages waiting in the broker's queues could not be counted.", exc_info=True)
             else:
                 # The rest are in workers' hands, which each worker publishes with its heartbeat.
-                now, alive_until, published = self.backend.messages_in_hand(self.registry)
+                _, alive_until, published = self.backend.messages_in_hand(self.registry)
                 held = len({i for worker in alive_until if worker in published for i in published[worker].message_ids})
                 counted = (
                     f" {waiting} messages, locked or not, wait in its queues and delay queues now, and "
