@@ -33,8 +33,16 @@ def rabbit_env(redis_client, url: str, **options) -> Env:
     broker = RabbitmqBroker(url=url)
     broker.emit_after("process_boot")
     backend = RedisBackend(client=redis_client)
-    middleware = UniqueJobs(backend=backend, lease_period=1000, heartbeat_interval=HEARTBEAT, **options)
-    return Env("rabbitmq", broker, backend, middleware, queue_suffix=uuid.uuid4().hex[:8])
+    suffix = uuid.uuid4().hex[:8]
+    # The reaper's queue is the test's own too: the teardown deletes every queue of the broker.
+    middleware = UniqueJobs(
+        backend=backend,
+        lease_period=1000,
+        heartbeat_interval=HEARTBEAT,
+        reaper_queue=f"reaper_{suffix}",
+        **options,
+    )
+    return Env("rabbitmq", broker, backend, middleware, queue_suffix=suffix)
 
 
 @pytest.fixture
