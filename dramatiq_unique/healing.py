@@ -22,10 +22,12 @@ from dramatiq.common import dq_name
 
 from .backends import Holder, LockBackend
 from .errors import InvalidLockOptions, LockBackendError
+from .in_hand import held_by_live_workers
 from .keys import healing_key, registry_key
 from .lock import LockFactory
 from .options import ActorConfigs
 from .outcome import ENQUEUED, enqueue_outcome
+from .reaper import QueueCounter, needs_messages_in_hand
 
 #: How long the worker that rebuilds holds the lock that keeps the others from doing it too (ms):
 #: every worker finds the same loss within one heartbeat interval.
@@ -88,16 +90,16 @@ class Healing:
 
     def _say_what_is_left(self, broker: Broker | None) -> None:
         counted = ""
-        counts = getattr(broker, "get_queue_message_counts", None)
-        if broker is not None and counts is not None:  # RabbitMQ counts what waits in each queue
+        if broker is not None and needs_messages_in_hand(broker):  # RabbitMQ counts what waits in each queue
             try:
-                waiting = sum(sum(counts(queue)[:2]) for queue in broker.get_declared_queues())
+                with QueueCounter(broker) as counter:
+                    waiting = sum(counter.waiting(queue) for queue in broker.get_declared_queues())
             except Exception:
                 self.logger.debug("The messages waiting in the broker's queues could not be counted.", exc_info=True)
             else:
                 # The rest are in workers' hands, which each worker publishes with its heartbeat.
                 _, alive_until, published = self.backend.messages_in_hand(self.registry)
-                held = len({i for worker in alive_until if worker in published for i in published[worker].message_ids})
+                held = len(held_by_live_workers(alive_until, published))
                 counted = (
                     f" {waiting} messages, locked or not, wait in its queues and delay queues now, and "
                     f"{held} locked ones are in workers' hands."

@@ -124,6 +124,12 @@ class InHand:
         return MessagesInHand(frozenset(ids), complete, taken_at, self.interval)
 
 
+def held_by_live_workers(alive_until: dict[str, int], published: dict[str, MessagesInHand]) -> set[str]:
+    """The ids of the messages in the hands of the workers of a registry, by what each published
+    (see :meth:`~dramatiq_unique.backends.LockBackend.messages_in_hand`)."""
+    return {message_id for worker in alive_until if worker in published for message_id in published[worker].message_ids}
+
+
 def _read(work_queue: Any) -> tuple[list[Any], int, bool]:
     """The items waiting in a work queue, how many were put in it and are not yet done
     with, and whether the two were read at one moment."""

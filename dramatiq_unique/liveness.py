@@ -110,10 +110,9 @@ class Liveness:
         self._mutex = threading.Lock()
         self._leases: dict[tuple[str, str], _Lease] = {}
         self._pending: dict[tuple[str, str], int] = {}
-        #: The backend's clock at the last heartbeat (ms), and our monotonic clock then (s):
-        #: halfway through the round trip, and at its answer.
-        self._synced: tuple[int, float] | None = None
-        self._answered: tuple[int, float] | None = None
+        #: The backend's clock at the last heartbeat (ms), and our monotonic clock (s) when it
+        #: was sent and when it was answered: the server read its clock in between.
+        self._synced: tuple[int, float, float] | None = None
         #: Heartbeats that failed in a row.
         self._failed_heartbeats = 0
         #: The marks of the store's data as last read (see LockBackend.epochs), and when (monotonic, s).
@@ -157,8 +156,9 @@ class Liveness:
         recorded are compared with this, never with this machine's clock."""
         if self._synced is None:
             return None
-        now, at = self._synced
-        return now + int((time.monotonic() - at) * 1000)
+        now, sent, answered = self._synced
+        # About halfway through the round trip. Our monotonic clock, unlike our wall clock, does not step.
+        return now + int((time.monotonic() - (sent + answered) / 2) * 1000)
 
     # A worker's arrival and departure --------------------------------------------
 
@@ -289,9 +289,10 @@ class Liveness:
         return since if since > self.lease_period else None
 
     def _beat(self) -> int | None:
-        # The backend's clock had passed this before what the heartbeat publishes was counted.
-        last = self._answered
-        taken_at = 0 if last is None else last[0] + int((time.monotonic() - last[1]) * 1000)
+        # The backend's clock had passed this before what the heartbeat publishes was counted:
+        # the server read its clock at the latest when the last heartbeat was answered.
+        last = self._synced
+        taken_at = 0 if last is None else last[0] + int((time.monotonic() - last[2]) * 1000)
         in_hand = self._in_hand(taken_at)
         sent = time.monotonic()
         try:
@@ -303,11 +304,7 @@ class Liveness:
             self._heartbeat_failed(e)
             self._backend_failed("heartbeat", e)
             return None
-        # The server read its clock about halfway through the round trip, and at the latest
-        # at its answer. Our monotonic clock, unlike our wall clock, does not step.
-        answered = time.monotonic()
-        self._synced = (now, (sent + answered) / 2)
-        self._answered = (now, answered)
+        self._synced = (now, sent, time.monotonic())
         # A run lock's worker must count as alive under the lock's prefix.
         # Leases are renewed only after every registry heard of it: a worker never holds a
         # renewed run lock while some registry has given it up for dead.

@@ -48,6 +48,7 @@ from dramatiq.results import Results
 from .backends import Holder, LockBackend, LockRecord
 from .errors import InvalidLockOptions
 from .events import REAPED, Events, LockEvent
+from .in_hand import held_by_live_workers
 from .keys import RUN, digest_of, reaper_cursor_key, reaper_leader_key, registry_key
 from .locks import LOCK_TYPES
 from .options import DEFAULT_HEARTBEAT_INTERVAL, DEFAULTS
@@ -493,23 +494,15 @@ class _QueueCountLocator(_Locator):
         # The registry's clock, which the publications are compared with.
         since, _, _ = self.backend.messages_in_hand(self.registry)
         try:
-            connection = pika.BlockingConnection(self.broker.parameters)
+            with QueueCounter(self.broker) as counter:
+                empty = {queue for queue in queues if queue and counter.waiting(queue) == 0}
+                in_hand = self._in_hand_since(since) if empty else None
+                if in_hand is None:
+                    return [False] * len(records)
+                empty = {queue for queue in empty if counter.waiting(queue) == 0}
         except pika.exceptions.AMQPError as e:
             self.logger.warning("The orphan reaper could not count the messages waiting in RabbitMQ: %s", e)
             return [False] * len(records)
-        try:
-            counter = _QueueCounter(connection)
-            empty = {queue for queue in queues if queue and counter.waiting(queue) == 0}
-            in_hand = self._in_hand_since(since) if empty else None
-            if in_hand is None:
-                return [False] * len(records)
-            empty = {queue for queue in empty if counter.waiting(queue) == 0}
-        except pika.exceptions.AMQPError as e:
-            self.logger.warning("The orphan reaper could not count the messages waiting in RabbitMQ: %s", e)
-            return [False] * len(records)
-        finally:
-            if connection.is_open:
-                connection.close()
         return [
             q_name(str(record.holder.get("queue", ""))) in empty and record.holder.get("message_id") not in in_hand
             for record in records
@@ -537,7 +530,7 @@ class _QueueCountLocator(_Locator):
                 if worker not in published or not published[worker].complete or published[worker].taken_at < since
             ]
             if not late:
-                return {message_id for worker in alive_until for message_id in published[worker].message_ids}
+                return held_by_live_workers(alive_until, published)
             if deadline is None:
                 interval = max((p.interval for p in published.values()), default=DEFAULT_HEARTBEAT_INTERVAL)
                 deadline = time.monotonic() + self.PATIENCE * interval / 1000
@@ -553,14 +546,30 @@ class _QueueCountLocator(_Locator):
             time.sleep(self.POLL)
 
 
-class _QueueCounter:
-    """Counts the messages waiting in a queue and its delay queue, on a connection of its own."""
+class QueueCounter:
+    """Counts the messages waiting in RabbitMQ's queues, on a connection of its own, open
+    while the counter is used as a context manager.
 
-    def __init__(self, connection: Any):
-        self.connection = connection
-        self.channel = connection.channel()
+    Raises:
+      pika.exceptions.AMQPError: When RabbitMQ cannot be reached.
+    """
+
+    def __init__(self, broker: Any):
+        self.broker = broker
+
+    def __enter__(self) -> QueueCounter:
+        import pika
+
+        self.connection = pika.BlockingConnection(self.broker.parameters)
+        self.channel = self.connection.channel()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.connection.is_open:
+            self.connection.close()
 
     def waiting(self, queue: str) -> int:
+        """How many messages wait in ``queue`` and its delay queue."""
         import pika.exceptions
 
         total = 0

@@ -19,7 +19,7 @@ import pytest
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 import dramatiq_unique
-from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique import Locks, RedisBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.keys import registry_key
 
 from .support import Env, Gate, wait_for
@@ -278,3 +278,23 @@ def test_a_killed_workers_messages_keep_their_locks_while_rabbitmq_redelivers_th
     assert redis_client.llen("test:started") == 1  # the killed process ran only the first, unfinished
     for message in messages:
         assert env.is_free(enqueue_outcome(message).digest)
+
+
+def test_the_operations_api_tells_a_lost_message_on_rabbitmq(env):
+    # Locks.in_broker, which explain and the web page read: a purged message is no longer in the
+    # broker; while its queue has a message waiting, nothing can be told and both count as there.
+    @env.actor(queue_name="reports", lock="until_executed")
+    def report(day):
+        pass
+
+    lost = report.send("lost")
+    wait_for(lambda: env.waiting(report) == 1)
+    purge(env, report)
+    locks = Locks.from_middleware(env.middleware)
+    assert {message_id: there for (_, message_id), there in locks.in_broker(locks.list(), env.broker).items()} == {
+        lost.message_id: False
+    }
+    queued = report.send("queued")
+    wait_for(lambda: env.waiting(report) == 1)
+    answers = {message_id: there for (_, message_id), there in locks.in_broker(locks.list(), env.broker).items()}
+    assert answers == {lost.message_id: True, queued.message_id: True}
