@@ -341,11 +341,13 @@ def test_activity_reaches_redis_in_one_round_trip_per_heartbeat_and_reads_back(r
         def settle(event_id):
             pass
 
-        worker = env.worker()
         monitor = Monitor(redis.Redis(connection_pool=redis_client.connection_pool))
         monitor.mark("start")
         for event_id in ("e1", "e1", "e1", "e2"):
             settle.send(event_id)
+        # The worker starts after the sends: one that settled the first e1 before the third send
+        # would let that send in (a flake under load).
+        worker = env.worker()
         env.join(settle)
         monitor.mark("tick")
         env.middleware.runtime.tick()
