@@ -12,6 +12,7 @@ from .errors import (
     LockBackendError,
     LockBackendRetry,
     LockConflict,
+    LockStoreHealing,
     NoLockHeld,
     UniqueError,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "LockBackendRetry",
     "DuplicateMessage",
     "LockConflict",
+    "LockStoreHealing",
     "NoLockHeld",
     "EnqueueCancelled",
 ]

@@ -40,6 +40,18 @@ class LockBackendError(UniqueError):
     """Raised when the lock backend cannot be reached or fails to answer."""
 
 
+class LockStoreHealing(LockBackendError):
+    """Raised when the lock store refuses a new lock because it lost its data and heals:
+    until the workers have taken again the locks of the messages they know of. The
+    ``on_backend_error`` policy decides what a caller sees, as in an outage."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The lock store lost its data and heals: it takes no new lock until the workers have taken again the "
+            "locks of the messages they know of (see Deploying the lock store in the docs)."
+        )
+
+
 class LockBackendRetry(LockBackendError, Retry):
     """Raised in the worker when the lock backend cannot be reached before a message runs.
 

@@ -1,18 +1,20 @@
 """What a worker does once it found that the lock store lost its data.
 
-The worker that finds the loss first takes again the enqueue locks of the messages
-that a ``RedisBroker`` still keeps: those waiting in their queue or delay queue, each
-recorded with its lock's digest, and, of those in workers' hands, the ones whose lock
-type holds the enqueue lock while the message runs. A message in a worker's hands
-whose lock type gives the enqueue lock up when it starts may be running, so its lock is
-left alone. Other brokers cannot be read: their queued messages' locks are not rebuilt.
-(Each worker takes the run locks of its own running messages again: see
-:class:`~dramatiq_unique.liveness.Liveness`.)
+The worker that finds the loss first heals the store: it has new places refused, takes
+again the enqueue locks of the messages that a ``RedisBroker`` still keeps (those waiting
+in their queue or delay queue, each recorded with its lock's digest, and, of those in
+workers' hands, the ones whose lock type holds the enqueue lock while the message runs),
+and has new places taken again once every live worker has had a heartbeat since the loss:
+each takes again the run locks of its own running messages at the heartbeat that finds it
+(see :class:`~dramatiq_unique.liveness.Liveness`). A message in a worker's hands whose
+lock type gives the enqueue lock up when it starts may be running, so its lock is left
+alone. Other brokers cannot be read: their queued messages' locks are not rebuilt.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +23,7 @@ from dramatiq import Broker, Message
 from dramatiq.common import dq_name
 
 from .backends import Holder, LockBackend
+from .backends.base import UNHEALED_REFUSAL
 from .errors import InvalidLockOptions, LockBackendError
 from .in_hand import held_by_live_workers
 from .keys import healing_key, registry_key
@@ -29,17 +32,20 @@ from .options import ActorConfigs
 from .outcome import ENQUEUED, enqueue_outcome
 from .reaper import QueueCounter, needs_messages_in_hand
 
-#: How long the worker that rebuilds holds the lock that keeps the others from doing it too (ms):
-#: every worker finds the same loss within one heartbeat interval.
+#: How long the worker that heals holds the lock that keeps the others from doing it too (ms):
+#: every worker finds the same loss within one heartbeat interval. It holds it again each round.
 HEALING_TTL = 60_000
 
 
 class Healing:
-    """Rebuilds the enqueue locks of the messages the broker keeps, after a loss of the store's data.
+    """Heals the lock store after a loss of its data: new places are refused until the
+    enqueue locks of the messages the broker keeps are rebuilt, and every live worker
+    had a heartbeat since, at which it took again the run locks of its running messages.
 
     Parameters:
       backend(LockBackend): The lock store.
       prefix(str): The middleware's lock prefix.
+      heartbeat_interval(int): Milliseconds between two heartbeats of a worker.
       configs(ActorConfigs): The lock options of actors and messages.
       locks(LockFactory): Builds a message's locks.
       logger(logging.Logger): Where to report.
@@ -50,43 +56,92 @@ class Healing:
         backend: LockBackend,
         *,
         prefix: str,
+        heartbeat_interval: int,
         configs: ActorConfigs,
         locks: LockFactory,
         logger: logging.Logger,
     ):
         self.backend = backend
+        self.prefix = prefix
         self.key = healing_key(prefix)
         self.registry = registry_key(prefix)
+        self.heartbeat_interval = heartbeat_interval
         self.configs = configs
         self.locks = locks
         self.logger = logger
         #: The broker of this process's Workers, once one booted.
         self.broker: Broker | None = None
+        #: While this worker heals: its place in the healing lock, when it began and when new
+        #: places are taken again (our monotonic clock, s).
+        self._owner = uuid.uuid4().hex
+        self._began: float | None = None
+        self._resumes_at = 0.0
+        #: Whether the enqueue locks were rebuilt, or what is left uncovered said, since it began.
+        self._rebuilt = False
 
-    def __call__(self) -> None:
+    def __call__(self, data_lost: bool) -> bool:
+        """One round of the periodic thread of a worker that found a loss of the store's data
+        (``data_lost``), or heals it. Returns whether it heals still: to be called next round."""
+        try:
+            if data_lost:
+                return self._begin()
+            return self._go_on()
+        except LockBackendError as e:
+            self.logger.error("Healing the lock store after it lost its data failed: %s. It tries again.", e)
+            return self._began is not None
+
+    def _begin(self) -> bool:
+        if not self._hold():
+            return False  # another worker found the same loss first, and heals it
+        self.backend.refuse_new_places(self.prefix, ttl=UNHEALED_REFUSAL)
+        began = time.monotonic()
+        self._began = self._began or began
+        # Every live worker finds the loss at a heartbeat within one interval of it, which came before this one.
+        self._resumes_at = began + 2 * self.heartbeat_interval / 1000
+        self._rebuilt = False
+        self._rebuild_once()
+        return True
+
+    def _go_on(self) -> bool:
+        if self._began is None:
+            return False
+        self._hold()
+        if not self._rebuilt:
+            self._rebuild_once()
+        if time.monotonic() < self._resumes_at:
+            self.backend.refuse_new_places(self.prefix, ttl=UNHEALED_REFUSAL)
+            return True
+        self.backend.accept_new_places(self.prefix)
+        self.backend.release(self.key, self._owner)
+        self.logger.warning(
+            "The lock store takes new locks again: this worker refused them for %d ms while it healed the store.",
+            int((time.monotonic() - self._began) * 1000),
+        )
+        self._began = None
+        return False
+
+    def _hold(self) -> bool:
+        """Take, or keep, the healing lock."""
+        holder = Holder(message_id=self._owner, actor="", queue="", lock="healing", state="running")
+        return self.backend.acquire(self.key, self._owner, limit=1, ttl=HEALING_TTL, holder=holder).acquired
+
+    def _rebuild_once(self) -> None:
         from dramatiq.brokers.redis import RedisBroker
 
         broker = self.broker
-        owner = uuid.uuid4().hex
-        holder = Holder(message_id=owner, actor="", queue="", lock="healing", state="running")
-        try:
-            if not self.backend.acquire(self.key, owner, limit=1, ttl=HEALING_TTL, holder=holder).acquired:
-                return  # another worker found the same loss first
-            if not isinstance(broker, RedisBroker):
-                self._say_what_is_left(broker)
-                return
+        if not isinstance(broker, RedisBroker):
+            self._say_what_is_left(broker)
+        else:
             taken, duplicates, in_hand = self._rebuild(broker)
-        except LockBackendError as e:
-            self.logger.error("The enqueue locks of the queued messages could not be taken again: %s", e)
-            return
-        self.logger.warning(
-            "After the lock store lost its data, this worker took again the enqueue locks of %d messages that "
-            "RedisBroker keeps. %d were taken meanwhile by a duplicate, which may run too. %d, in workers' hands, "
-            "may be running and have given their lock up, so theirs were left alone.",
-            taken,
-            duplicates,
-            in_hand,
-        )
+            self.logger.warning(
+                "After the lock store lost its data, this worker took again the enqueue locks of %d messages that "
+                "RedisBroker keeps. %d were taken meanwhile by a duplicate, which may run too. %d, in workers' "
+                "hands, may be running and have given their lock up, so theirs were left alone.",
+                taken,
+                duplicates,
+                in_hand,
+            )
+        self._rebuilt = True
 
     def _say_what_is_left(self, broker: Broker | None) -> None:
         counted = ""
@@ -128,7 +183,7 @@ class Healing:
             if not waiting and not (lock_type.holds_enqueue_lock_while_running or lock_type.outlives_message):
                 in_hand += 1
                 continue
-            acquisition = self.locks.build(message, config, outcome).acquire_enqueue(may_replace=False)
+            acquisition = self.locks.build(message, config, outcome).acquire_enqueue(may_replace=False, healing=True)
             if acquisition.acquired:
                 taken += 1
             else:

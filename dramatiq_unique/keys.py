@@ -47,6 +47,13 @@ def epoch_key(prefix: str, shard: str | None = None) -> str:
     return f"{prefix}:epoch" if shard is None else f"{prefix}:epoch:{{{shard}}}"
 
 
+def refusal_key(prefix: str, tag: str | None = None) -> str:
+    """The key that exists while the lock store heals after a loss of its data: new places in
+    the locks under ``prefix`` are refused meanwhile. On a Redis Cluster there is one per hash
+    slot, each under a ``tag`` that places it there, beside the locks it refuses."""
+    return f"{prefix}:refusing" if tag is None else f"{prefix}:refusing:{{{tag}}}"
+
+
 def activity_key(prefix: str, minute: int) -> str:
     """The key of the lock activity counts of ``minute`` (minutes since the epoch)."""
     return f"{prefix}:activity:{{activity}}:{minute}"

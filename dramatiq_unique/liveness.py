@@ -352,8 +352,8 @@ class Liveness:
         self.logger.error(
             "The lock store lost its data: %s changed between two heartbeats of worker %r, at most %d ms apart. "
             "It restarted without persistence, was flushed, or failed over to a replica that did not have the data. "
-            "Every lock held until then is gone: until the messages that held them have finished, a duplicate may "
-            "be enqueued and run beside them. Give the lock store persistence (appendonly yes) and "
+            "Every lock held until then is gone: new locks are refused until the workers have taken again those of "
+            "the messages they know of. Give the lock store persistence (appendonly yes) and "
             "maxmemory-policy noeviction (see Deploying the lock store in the docs).",
             ", ".join(f"the mark {key!r}" for key in changed),
             self.worker_id,
@@ -432,7 +432,7 @@ class Liveness:
         ttl = self.lease_period if lease.deadline is None else min(self.lease_period, lease.deadline - now)
         if ttl <= 0 or lease.holder is None:
             return None
-        acquisition = self.backend.acquire(key, owner, limit=lease.limit, ttl=ttl, holder=lease.holder)
+        acquisition = self.backend.acquire(key, owner, limit=lease.limit, ttl=ttl, holder=lease.holder, healing=True)
         return acquisition.expires_at if acquisition.acquired else None
 
     def _report_lapsed(self, key: str, *, early: bool = False) -> None:

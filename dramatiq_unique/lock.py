@@ -204,7 +204,12 @@ class MessageLock:
         )
 
     def acquire_enqueue(
-        self, delay: int | None = None, *, may_replace: bool = True, holder: Holder | None = None
+        self,
+        delay: int | None = None,
+        *,
+        may_replace: bool = True,
+        holder: Holder | None = None,
+        healing: bool = False,
     ) -> Acquisition:
         """Take the enqueue lock, or re-enter it when the message holds it already.
 
@@ -215,6 +220,8 @@ class MessageLock:
 
         Parameters:
           holder(Holder): What to record; by default the message as queued.
+          healing(bool): Take it even while the store heals after a loss of its data: the
+            message held it before.
         """
         if self.releases is not None:
             # A message of this process that finished a moment ago gave this lock up.
@@ -238,7 +245,13 @@ class MessageLock:
             )
         else:
             acquisition = self.backend.acquire(
-                self.enqueue_key, self.message.message_id, limit=limit, ttl=ttl, holder=holder, extend=extend
+                self.enqueue_key,
+                self.message.message_id,
+                limit=limit,
+                ttl=ttl,
+                holder=holder,
+                extend=extend,
+                healing=healing,
             )
         self.holds_enqueue = acquisition.acquired
         if acquisition.acquired:

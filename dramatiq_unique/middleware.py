@@ -225,7 +225,7 @@ class UniqueJobs(Middleware):
             background_releases=background_releases,
             activity=activity,
             periodic_tasks=periodic_tasks,
-            on_data_lost=lambda: self.healing(),
+            healing=lambda data_lost: self.healing(data_lost),
         )
         #: The parts of the runtime that each message's locks use.
         self.liveness = self.runtime.liveness
@@ -236,7 +236,14 @@ class UniqueJobs(Middleware):
             backend=backend, logger=self.logger, liveness=self.liveness, events=self.events, releases=self.releases
         )
         #: What a worker does once it found that the lock store lost its data.
-        self.healing = Healing(backend, prefix=lock_prefix, configs=self.configs, locks=locks, logger=self.logger)
+        self.healing = Healing(
+            backend,
+            prefix=lock_prefix,
+            heartbeat_interval=heartbeat_interval,
+            configs=self.configs,
+            locks=locks,
+            logger=self.logger,
+        )
         # The check of the lock store's eviction policy, at the worker's boot or the first send.
         self._eviction_check = EvictionCheck(backend, logger=self.logger)
         outage = Outage(

@@ -85,8 +85,9 @@ class Runtime:
       activity(bool): Whether lock events are counted per minute in the backend.
       periodic_tasks(Sequence[collections.abc.Callable]): Called by each round of a worker's
         periodic thread with the backend's time, after the heartbeat.
-      on_data_lost(collections.abc.Callable): Called by the round that found that the lock
-        store lost its data, after the run locks of the running messages were taken again.
+      healing(collections.abc.Callable): Called by the round that found that the lock store
+        lost its data, after the run locks of the running messages were taken again, with
+        ``True``; and with ``False`` by each round after, for as long as it answers ``True``: it heals still.
     """
 
     def __init__(
@@ -101,9 +102,11 @@ class Runtime:
         background_releases: bool,
         activity: bool,
         periodic_tasks: Sequence[Callable[[int], None]] = (),
-        on_data_lost: Callable[[], None] | None = None,
+        healing: Callable[[bool], bool] | None = None,
     ):
         self.logger = logger
+        #: The backend of the threads that send, whose lock store's marks it may have seen.
+        self._backend = backend
         #: In a process that gevent monkey-patched, the periodic thread is a native thread with a
         #: backend of its own, so that a job that keeps the gevent hub busy does not stop it.
         self._native_backend = backend.for_native_thread() if gevent_patched() else None
@@ -143,7 +146,7 @@ class Runtime:
         if self.activity is not None:
             events.add_counter(self.activity)
         self._tasks = tuple(periodic_tasks)
-        self._on_data_lost = on_data_lost
+        self._heal = healing
         self._init_state()
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _reset_in_child(ref))
@@ -167,6 +170,8 @@ class Runtime:
         #: The stop event of the periodic thread that, stopped by the last Worker, does the
         #: worker's last work on its way out: a thread can be waited for with a bound, a round trip cannot.
         self._leaving: StopEvent | None = None
+        #: Whether the worker of this process heals the lock store, after a loss of its data.
+        self._healing = False
 
     @property
     def running(self) -> bool:
@@ -272,18 +277,19 @@ class Runtime:
             return
         self._flush()
         data_lost = self.liveness.found_data_loss
-        if (self._tasks or data_lost) and self._hub is not None:
+        if (self._tasks or data_lost or self._healing) and self._hub is not None:
             # The tasks read and send through the broker, whose gevent sockets only the hub's thread may use.
             start_in_hub(self._hub, self._run_tasks, now, data_lost)
         else:
             self._run_tasks(now, data_lost)
 
     def _run_tasks(self, now: int, data_lost: bool = False) -> None:
-        if data_lost and self._on_data_lost is not None:
+        if (data_lost or self._healing) and self._heal is not None:
             try:
-                self._on_data_lost()
+                self._healing = self._heal(data_lost)
             except Exception:
-                self.logger.exception("Taking the locks again after the lock store lost its data failed.")
+                self._healing = False
+                self.logger.exception("Healing the lock store after it lost its data failed.")
         for task in self._tasks:
             try:
                 task(now)
@@ -402,6 +408,9 @@ class Runtime:
         more and leave the registry."""
         self._flush()
         self.liveness.leave()
+        # A store emptied from now on, while no Worker of this process runs (a test suite's flush), is no loss.
+        self._backend.forget_epochs()
+        self.liveness.backend.forget_epochs()
 
     def _flush(self) -> None:
         if self.activity is not None:

@@ -13,7 +13,7 @@ from urllib.parse import quote
 import pytest
 import redis
 
-from dramatiq_unique import InvalidBackendOptions, LockBackendError, RedisBackend, StubBackend
+from dramatiq_unique import InvalidBackendOptions, LockBackendError, LockStoreHealing, RedisBackend, StubBackend
 from dramatiq_unique.backends import Holder, MessagesInHand
 
 from .support import scan_all
@@ -263,6 +263,7 @@ def test_redis_recovers_from_a_flushed_script_cache(redis_client):
 
 #: The commands the scripts run.
 SCRIPT_COMMANDS = {
+    "exists",  # whether new places are refused while the store heals
     "time",
     "hgetall",
     "hget",
@@ -610,7 +611,8 @@ def test_redis_scripts_read_and_write_a_lock_once(redis_client):
         return calls
 
     acquire = inner_calls(lambda: backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder))
-    assert acquire == {"time": 1, "hgetall": 1, "hset": 1, "persist": 1}
+    # One EXISTS: whether the store refuses new places while it heals after a loss of its data.
+    assert acquire == {"exists": 1, "time": 1, "hgetall": 1, "hset": 1, "persist": 1}
     release = inner_calls(lambda: backend.release(KEY, "m1"))
     assert release == {"hgetall": 1, "hdel": 1, "object|encoding": 1, "pexpireat": 1}
 
@@ -790,3 +792,68 @@ def test_the_marks_of_the_stores_data_change_only_when_it_is_lost(backend, reque
     after = backend.epochs("dramatiq-unique")
     assert after.keys() == marks.keys()
     assert {key for key in marks if after[key] != marks[key]} == {flushed}
+
+
+def test_while_the_store_heals_only_new_places_are_refused(backend):
+    # Issue 20: while a worker heals the store after a loss of its data, a place that would be new
+    # raises LockStoreHealing, in every hash slot; a place kept, a conflict and a place taken for the
+    # healing are answered; a full lock loses no queued holder to replace; then places are taken again.
+    keys = [KEY] + [f"dramatiq-unique:{{d{i}}}" for i in range(1, 8)]  # several hash slots on a cluster
+    assert acquire(backend, "held", key=keys[0]).acquired
+    backend.refuse_new_places("dramatiq-unique", ttl=30_000)
+    for key in keys[1:]:
+        with pytest.raises(LockStoreHealing):
+            acquire(backend, "new", key=key)
+    with pytest.raises(LockStoreHealing):
+        swap(backend, "held", "run-held")  # a run lock's place is new too; the enqueue place stays
+    assert acquire(backend, "held", key=keys[0]).acquired  # kept
+    assert acquire(backend, "other", key=keys[0]).holders == ("held",)  # a conflict, told as such
+    replaced = backend.replace(keys[0], "newer", replaced_key=REPLACED_KEY, limit=1, ttl=None, holder=holder("newer"))
+    assert not replaced.acquired and replaced.holders == ("held",)
+    rebuilt = backend.acquire(keys[1], "old", limit=1, ttl=None, holder=holder("old"), healing=True)
+    assert rebuilt.acquired
+    # Other prefixes, and keys that are no lock (the reaper's own), are not refused.
+    assert acquire(backend, "new", key="billing:{d1}").acquired
+    backend.accept_new_places("dramatiq-unique")
+    for key in keys[2:]:
+        assert acquire(backend, "new", key=key).acquired
+
+
+def test_a_refusal_no_worker_renews_ends_by_itself(backend):
+    backend.refuse_new_places("dramatiq-unique", ttl=200)
+    with pytest.raises(LockStoreHealing):
+        acquire(backend, "m1")
+    time.sleep(0.3)
+    assert acquire(backend, "m1").acquired
+
+
+def test_a_sender_that_saw_the_mark_finds_the_loss_in_its_own_script(redis_client):
+    # Issue 20: a process that saw the store's mark written (a worker's heartbeat writes it) finds
+    # that it went with the store's data at its next acquisition, with no round trip more: it
+    # refuses the place, writes the mark again (the workers find the loss at their next heartbeat)
+    # and refuses new places for a while, unless a worker heals the store sooner.
+    worker, sender = RedisBackend(client=redis_client), RedisBackend(client=redis_client)
+    marks = worker.epochs("dramatiq-unique")
+    assert acquire(sender, "m1").acquired
+    redis_client.flushall()
+    with pytest.raises(LockStoreHealing):
+        acquire(sender, "m2")
+    assert worker.epochs("dramatiq-unique") != marks
+    assert 0 < redis_client.pttl("dramatiq-unique:refusing") <= 30_000
+    with pytest.raises(LockStoreHealing):
+        acquire(RedisBackend(client=redis_client), "m2")  # every process, from the refusal
+    worker.accept_new_places("dramatiq-unique")
+    assert acquire(sender, "m2").acquired
+
+
+def test_a_process_that_never_saw_the_mark_takes_places_on_an_empty_store(redis_client):
+    # A store no worker wrote its mark in (a fresh one, or a test suite's) is no loss.
+    sender = RedisBackend(client=redis_client)
+    assert acquire(sender, "m1").acquired
+    redis_client.flushall()
+    assert acquire(sender, "m2").acquired
+    # And once its last worker stopped, a process forgets the mark it saw.
+    sender.epochs("dramatiq-unique")
+    sender.forget_epochs()
+    redis_client.flushall()
+    assert acquire(sender, "m3").acquired

@@ -276,6 +276,10 @@ class Acquisition:
     superseded: bool = False
 
 
+#: How long, in milliseconds, a lock store that lost its data refuses new places when no
+#: worker heals it: a worker that heals keeps refusing until it is done.
+UNHEALED_REFUSAL = 30_000
+
 #: Answers of :meth:`~dramatiq_unique.LockBackend.claim`.
 HELD = "held"
 LAPSED = "lapsed"
@@ -356,7 +360,15 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def acquire(
-        self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+        self,
+        key: str,
+        owner: str,
+        *,
+        limit: int,
+        ttl: int | None,
+        holder: Holder,
+        extend: int = 0,
+        healing: bool = False,
     ) -> Acquisition:
         """Take one of the ``limit`` places of the lock at ``key`` for ``owner``.
 
@@ -374,6 +386,12 @@ class LockBackend(abc.ABC):
           ttl(int): Milliseconds until the place lapses, or ``None`` for never.
           holder(Holder): What to record about the holder.
           extend(int): Milliseconds added to ``ttl``, e.g. a message's delay.
+          healing(bool): Take the place even while the store refuses new ones after a
+            loss of its data (:meth:`refuse_new_places`): the places of the messages
+            that held them before the loss.
+
+        Raises:
+          LockStoreHealing: If the store refuses new places; a place kept is never refused.
         """
 
     @abc.abstractmethod
@@ -497,6 +515,24 @@ class LockBackend(abc.ABC):
           backend that can tell a loss of its data says.
         """
         return {}
+
+    def refuse_new_places(self, prefix: str, *, ttl: int) -> None:
+        """Refuse new places in the locks under ``prefix`` for ``ttl`` ms, or until
+        :meth:`accept_new_places`: the store lost its data, and a worker heals it. Places
+        kept, and those taken with ``healing``, are not refused. This implementation
+        refuses none: a backend that can tell a loss of its data does.
+        """
+        return None
+
+    def accept_new_places(self, prefix: str) -> None:
+        """Take new places under ``prefix`` again: the worker that healed the store is done."""
+        return None
+
+    def forget_epochs(self) -> None:
+        """Forget which marks (:meth:`epochs`) this process saw: the last worker of the
+        process stopped, and a store emptied from now on (a test suite's flush) is no
+        loss this process can tell."""
+        return None
 
     # The orphan reaper ----------------------------------------------------------
 

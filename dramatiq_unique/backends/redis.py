@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import uuid
@@ -12,13 +13,15 @@ from typing import Any
 import redis
 import redis.sentinel
 from redis.commands.core import Script
+from redis.crc import key_slot
 
-from ..errors import InvalidBackendOptions, LockBackendError
-from ..keys import digest_keys_start, epoch_key, in_hand_key, lock_kind
+from ..errors import InvalidBackendOptions, LockBackendError, LockStoreHealing
+from ..keys import digest_keys_start, epoch_key, in_hand_key, lock_kind, prefix_of, refusal_key
 from .base import (
     HELD,
     LAPSED,
     SUPERSEDED,
+    UNHEALED_REFUSAL,
     Acquisition,
     EvictionRisk,
     Holder,
@@ -37,6 +40,10 @@ _REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
 _REDIRECTS = 5
 #: The hash slots of a Redis Cluster.
 _SLOTS = 16384
+
+#: How long a process that saw no mark of the store's data waits before it looks again, in seconds:
+#: until a worker writes it, no script can tell that it went.
+_MARK_LOOKS_EVERY = 60.0
 
 #: The Lua functions every script starts with.
 _LIBRARY = "holders"
@@ -69,7 +76,8 @@ EVICTION_POLICIES = (
 def _script_source(name: str, *, fence_retention: int) -> str:
     lua = resources.files(__package__).joinpath("lua")
     library = lua.joinpath(f"{_LIBRARY}.lua").read_text()
-    return f"local FENCE_RETENTION = {fence_retention}\n{library}\n" + lua.joinpath(f"{name}.lua").read_text()
+    constants = f"local FENCE_RETENTION = {fence_retention}\nlocal UNHEALED_REFUSAL = {UNHEALED_REFUSAL}\n"
+    return f"{constants}{library}\n" + lua.joinpath(f"{name}.lua").read_text()
 
 
 class RedisBackend(LockBackend):
@@ -166,6 +174,10 @@ class RedisBackend(LockBackend):
         self.accepted_eviction_policy = accepted_eviction_policy
         #: Set after a cluster node failed to answer: the slot map is read again before the next change.
         self._stale_slots = False
+        #: The lock prefixes whose mark of the store's data this process saw written, and when it
+        #: last looked for the others' (monotonic, s): only a mark seen can be found gone.
+        self._marks_seen: set[str] = set()
+        self._marks_looked_for: dict[str, float] = {}
 
         def script(name: str) -> Any:
             return self.client.register_script(_script_source(name, fence_retention=fence_retention))
@@ -284,9 +296,18 @@ class RedisBackend(LockBackend):
         return tuple(risks)
 
     def acquire(
-        self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+        self,
+        key: str,
+        owner: str,
+        *,
+        limit: int,
+        ttl: int | None,
+        holder: Holder,
+        extend: int = 0,
+        healing: bool = False,
     ) -> Acquisition:
-        reply = self._call(self._acquire, [key], [owner, limit, ttl or 0, extend, holder.encode(owner)])
+        keys = [key] if healing else [key, *self._refusal_keys(key)]
+        reply = self._call(self._acquire, keys, [owner, limit, ttl or 0, extend, holder.encode(owner)])
         return _acquisition(reply)
 
     def release(self, key: str, owner: str) -> bool:
@@ -314,7 +335,7 @@ class RedisBackend(LockBackend):
     ) -> Acquisition:
         reply = self._call(
             self._replace,
-            [key, replaced_key],
+            [key, replaced_key, *self._refusal_keys(key)],
             [owner, limit, ttl or 0, extend, holder.encode(owner), REPLACED_TTL],
         )
         return _acquisition(reply)
@@ -339,7 +360,7 @@ class RedisBackend(LockBackend):
     ) -> Acquisition:
         reply = self._call(
             self._swap,
-            [release_key, acquire_key, replaced_key],
+            [release_key, acquire_key, replaced_key, *self._refusal_keys(acquire_key)],
             [release_owner, owner, limit, ttl or 0, holder.encode(owner)],
         )
         return _acquisition(reply)
@@ -409,10 +430,68 @@ class RedisBackend(LockBackend):
 
     def epochs(self, prefix: str) -> dict[str, str]:
         # Not waited for by replicas (min_replicas): a failover to a replica that missed it is a loss too.
-        return {
+        marks = {
             key: _text(self._call(self._epoch, [key], [uuid.uuid4().hex], writes=False))
             for key in self._epoch_keys(prefix)
         }
+        self._marks_seen.add(prefix)
+        return marks
+
+    def refuse_new_places(self, prefix: str, *, ttl: int) -> None:
+        # Not waited for by replicas (min_replicas): a failover loses the refusal with the data it guards.
+        try:
+            if not _is_cluster(self.client):
+                self.client.set(refusal_key(prefix), "healing", px=ttl)
+                return
+            pipe = self.client.pipeline()
+            for tag in _slot_tags():
+                pipe.set(refusal_key(prefix, tag), "healing", px=ttl)
+            pipe.execute()
+        except _REDIS_ERRORS as e:
+            raise _backend_error(e) from e
+
+    def accept_new_places(self, prefix: str) -> None:
+        try:
+            if not _is_cluster(self.client):
+                self.client.delete(refusal_key(prefix))
+                return
+            pipe = self.client.pipeline()
+            for tag in _slot_tags():
+                pipe.delete(refusal_key(prefix, tag))
+            pipe.execute()
+        except _REDIS_ERRORS as e:
+            raise _backend_error(e) from e
+
+    def forget_epochs(self) -> None:
+        self._marks_seen.clear()
+        self._marks_looked_for.clear()
+
+    def _refusal_keys(self, key: str) -> list[str]:
+        """The keys a script that takes a new place in the lock at ``key`` checks first: the
+        refusal of its hash slot and, on one node, the mark of the store's data, if seen."""
+        prefix = prefix_of(key)
+        if prefix is None:
+            return []  # not a lock: the reaper's and the healer's own locks are never refused
+        if _is_cluster(self.client):
+            # The mark of each master is in a slot of its own, out of the script's reach.
+            return [refusal_key(prefix, _slot_tags()[key_slot(key.encode())])]
+        return [refusal_key(prefix), epoch_key(prefix)] if self._saw_mark(prefix) else [refusal_key(prefix)]
+
+    def _saw_mark(self, prefix: str) -> bool:
+        if prefix in self._marks_seen:
+            return True
+        looked = self._marks_looked_for.get(prefix)
+        if looked is not None and time.monotonic() - looked < _MARK_LOOKS_EVERY:
+            return False
+        try:
+            written = bool(self.client.exists(epoch_key(prefix)))
+        except _REDIS_ERRORS:
+            return False  # the script's call reports the failure
+        if written:
+            self._marks_seen.add(prefix)
+        else:
+            self._marks_looked_for[prefix] = time.monotonic()
+        return written
 
     def _epoch_keys(self, prefix: str) -> list[str]:
         """One mark on a single Redis; on a cluster, one on each master, under the first
@@ -708,7 +787,20 @@ def _is_cluster(client: Any) -> bool:
     return hasattr(client, "get_primaries")
 
 
+@functools.cache
+def _slot_tags() -> tuple[str, ...]:
+    """For each hash slot of a Redis Cluster, the shortest decimal that a hash tag places there."""
+    tags: dict[int, str] = {}
+    number = 0
+    while len(tags) < _SLOTS:
+        tags.setdefault(key_slot(str(number).encode()), str(number))
+        number += 1
+    return tuple(tags[slot] for slot in range(_SLOTS))
+
+
 def _acquisition(reply: list[Any]) -> Acquisition:
+    if reply[0] == -2:
+        raise LockStoreHealing()
     if reply[0] == -1:
         return Acquisition(acquired=False, superseded=True)
     strings = tuple(s.decode() if isinstance(s, bytes) else s for s in reply[1:])

@@ -8,7 +8,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..keys import digest_keys_start, epoch_key, lock_kind
+from ..errors import LockStoreHealing
+from ..keys import digest_keys_start, epoch_key, lock_kind, prefix_of
 from .base import (
     HELD,
     LAPSED,
@@ -55,6 +56,8 @@ class StubBackend(LockBackend):
         self._workers: dict[str, dict[str, int]] = {}
         self._in_hand: dict[str, dict[str, MessagesInHand]] = {}
         self._marks: dict[str, str] = {}
+        #: The lock prefixes whose new places are refused while a worker heals: -> until when (ms).
+        self._refusals: dict[str, int] = {}
         self._values: dict[str, tuple[str, int]] = {}
         #: Counters: key -> (field -> count, expires_at).
         self._counts: dict[str, tuple[dict[str, int], int]] = {}
@@ -71,9 +74,19 @@ class StubBackend(LockBackend):
         return ()
 
     def acquire(
-        self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+        self,
+        key: str,
+        owner: str,
+        *,
+        limit: int,
+        ttl: int | None,
+        holder: Holder,
+        extend: int = 0,
+        healing: bool = False,
     ) -> Acquisition:
         with self._mutex:
+            if not healing:
+                self._refuse_if_healing(key, owner, limit=limit, message_id=holder.message_id)
             return self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend)
 
     def release(self, key: str, owner: str) -> bool:
@@ -84,9 +97,11 @@ class StubBackend(LockBackend):
         self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0
     ) -> Acquisition:
         with self._mutex:
+            self._refuse_if_healing(key, owner, limit=limit, message_id=holder.message_id)
             lock = self._live(key, time.time_ns() // 1_000_000)
             victim = None
-            if len(lock.places) >= limit and owner not in lock.places:
+            # While the store heals, no holder loses its place: a newer message is a conflict.
+            if len(lock.places) >= limit and owner not in lock.places and not self._refusing(key):
                 queued = [
                     (p.token, o) for o, p in lock.places.items() if p.holder.state == "queued" and p.holder.replaceable
                 ]
@@ -132,6 +147,7 @@ class StubBackend(LockBackend):
             if self._forget_replaced(replaced_key, release_owner):
                 self._release(release_key, release_owner)
                 return Acquisition(acquired=False, superseded=True)
+            self._refuse_if_healing(acquire_key, owner, limit=limit, message_id=holder.message_id)
             acquisition = self._acquire(acquire_key, owner, limit=limit, ttl=ttl, holder=holder, extend=0)
             if acquisition.acquired:
                 self._release(release_key, release_owner)
@@ -258,10 +274,19 @@ class StubBackend(LockBackend):
         with self._mutex:
             return {key: self._marks.setdefault(key, uuid.uuid4().hex)}
 
+    def refuse_new_places(self, prefix: str, *, ttl: int) -> None:
+        with self._mutex:
+            self._refusals[prefix] = _now() + ttl
+
+    def accept_new_places(self, prefix: str) -> None:
+        with self._mutex:
+            self._refusals.pop(prefix, None)
+
     def flush(self) -> None:
         """Drop every lock, worker, value and counter: the data a restart without persistence loses."""
         with self._mutex:
             self._marks.clear()
+            self._refusals.clear()
             self._locks.clear()
             self._replaced.clear()
             self._workers.clear()
@@ -269,6 +294,20 @@ class StubBackend(LockBackend):
             self._values.clear()
             self._fences.clear()
             self._counts.clear()
+
+    def _refusing(self, key: str) -> bool:
+        prefix = prefix_of(key)
+        return prefix is not None and self._refusals.get(prefix, 0) > _now()
+
+    def _refuse_if_healing(self, key: str, owner: str, *, limit: int, message_id: str) -> None:
+        """Refuse a place that would be new, as on Redis: a place kept, or a conflict, is answered."""
+        if not self._refusing(key):
+            return
+        places = self._live(key, _now()).places
+        if owner in places or len(places) >= limit:
+            return
+        if not any(p.holder.message_id == message_id for p in places.values()):
+            raise LockStoreHealing()
 
     def _forget_replaced(self, replaced_key: str, owner: str) -> bool:
         replaced = self._replaced.get(replaced_key, set())

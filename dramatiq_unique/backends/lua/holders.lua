@@ -25,7 +25,9 @@
 -- encode 16-digit integers exactly.
 --
 -- RedisBackend defines FENCE_RETENTION (ms) in front of this file: how long
--- a lock's fence outlives its last holder.
+-- a lock's fence outlives its last holder; and UNHEALED_REFUSAL (ms): how long new
+-- places are refused after a script found the store's data gone, unless a worker heals
+-- it sooner or keeps refusing while it does.
 
 local FENCE, NAMES = "fence", "names"
 local ESCAPE = 64 -- "@", put in front of an owner named like a lock's own field
@@ -238,11 +240,33 @@ local function expire_with_holders(key, holders, count)
   redis.call("PEXPIREAT", key, latest + FENCE_RETENTION)
 end
 
+-- Whether new places are refused because the store lost its data and heals: `refusal`
+-- is the key that exists while it heals (nil: the caller takes places for the healing
+-- itself). `mark` is the key of the store's mark, which the caller saw written (nil: not
+-- known to exist): gone, it went with the data since, and this script is the first to
+-- tell. It writes the mark again, so that workers find the loss at their next heartbeat,
+-- and refuses new places for UNHEALED_REFUSAL ms, or until a worker healed the store.
+local function new_places_refused(refusal, mark)
+  if not refusal then return false end
+  if not mark then return redis.call("EXISTS", refusal) == 1 end
+  -- One look at both: the mark alone is the usual answer, both a refusal, neither a loss.
+  local found = redis.call("EXISTS", refusal, mark)
+  if found == 2 then return true end
+  if found == 0 then
+    local _, now_us = clock()
+    redis.call("SET", mark, "lost at " .. now_us)
+    redis.call("SET", refusal, "lost at " .. now_us, "PX", UNHEALED_REFUSAL)
+    return true
+  end
+  return false
+end
+
 -- Takes one of the `limit` places of the lock for `owner`, or keeps the place
 -- `owner` has and pushes its expiry back to at least `ttl + extend` from now.
--- Returns {1, token, expires_at or 0}, or {0, message_id of each holder} when
--- the other holders fill every place or the holder's message has a place already.
-local function acquire(key, owner, limit, ttl, extend, holder)
+-- Returns {1, token, expires_at or 0}, {0, message_id of each holder} when
+-- the other holders fill every place or the holder's message has a place already,
+-- or {-2} when the place would be new and new places are `refused` (new_places_refused).
+local function acquire(key, owner, limit, ttl, extend, holder, refused)
   local now, now_us = clock()
   local holders, count = live_holders(key)
   local expires_at = nil
@@ -279,6 +303,10 @@ local function acquire(key, owner, limit, ttl, extend, holder)
           return {0, id}
         end
       end
+    end
+    if refused then
+      expire_with_holders(key, holders, count)
+      return {-2}
     end
     -- Tokens follow the server clock in microseconds, so they keep
     -- increasing even after the key (and its fence) went with its last holder.
