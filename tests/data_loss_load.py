@@ -30,7 +30,7 @@ from pathlib import Path
 
 import redis
 
-from dramatiq_unique import LockBackendError, RedisBackend, enqueue_outcome
+from dramatiq_unique import LockBackendError, LockStoreHealing, RedisBackend, enqueue_outcome
 from dramatiq_unique.keys import lock_kind
 
 from . import data_loss_workers
@@ -48,7 +48,8 @@ COPIES = (10, 20)
 #: How long the lock store stays down.
 DOWN = 1.5
 
-ERROR = "The lock store lost its data"
+ERROR = "The lock store lost its data:"
+RESUMED = "The lock store takes new locks again"
 REBUILT = "After the lock store lost its data, this worker took again"
 NOT_REBUILT = "The enqueue locks of the messages queued before the lock store lost its data are not taken again"
 RETAKEN = "this worker took them again"
@@ -60,7 +61,7 @@ class Send:
     kind: str
     key: object
     at: float  # when send() returned (time.time())
-    status: str  # enqueued, duplicate, ..., or refused (LockBackendError)
+    status: str  # enqueued, duplicate, ..., healing (LockStoreHealing) or refused (another LockBackendError)
     message_id: str
 
 
@@ -111,11 +112,9 @@ class Figures:
 
     @property
     def healed_at(self) -> float | None:
-        """When the rebuild WARNING was logged (RedisBroker), else when the last worker found the loss."""
-        rebuilt = self.lines(REBUILT) + self.lines(NOT_REBUILT)
-        if rebuilt and rebuilt[0][3].startswith(REBUILT):
-            return rebuilt[0][0]
-        return self.detected_at
+        """When new locks were taken again (the WARNING of the healing worker)."""
+        resumed = self.lines(RESUMED)
+        return resumed[0][0] if resumed else None
 
     def after_restart(self, at: float | None) -> int | None:
         return None if at is None or self.restarted_at is None else int((at - self.restarted_at) * 1000)
@@ -132,8 +131,8 @@ class Figures:
         done = {run.message_id for run in self.runs} | self.skipped
         return [send for send in self.enqueued if send.message_id not in done]
 
-    def refused(self) -> list[Send]:
-        return [send for send in self.sends if send.status == "refused"]
+    def refused(self, status: str = "refused") -> list[Send]:
+        return [send for send in self.sends if send.status == status]
 
     def duplicates(self) -> list[Send]:
         """Payment sends enqueued while an earlier enqueued send of the same event had not settled."""
@@ -163,7 +162,7 @@ class Figures:
             if send.kind != "payment":
                 continue
             pending = any(settled.get(message_id, float("inf")) > send.at for message_id in earlier[send.key])
-            if healed is not None and send.at > healed and pending and send.status != "refused":
+            if healed is not None and send.at > healed and pending and send.status not in ("refused", "healing"):
                 copies += 1
                 refused += send.status == "duplicate"
             if send.status == "enqueued":
@@ -301,6 +300,9 @@ def run_load(
         def send(kind: str, actor, key, *args, delay: int | None = None) -> None:
             try:
                 message = actor.send_with_options(args=(key, *args), delay=delay)
+            except LockStoreHealing:
+                sends.append(Send(kind, key, time.time(), "healing", ""))
+                return
             except LockBackendError:
                 sends.append(Send(kind, key, time.time(), "refused", ""))
                 return
@@ -427,13 +429,22 @@ def describe(figures: Figures) -> list[str]:
         f"({len(figures.failed)} dead-lettered); messages that ran twice: {figures.ran_twice()}",
     ]
     if figures.fault:
-        refused = figures.refused()
+        refused, healing = figures.refused(), figures.refused("healing")
         copies, refused_copies = figures.refused_after_healing()
         errors = figures.errors_per_worker
         rebuilt = figures.lines(REBUILT) + figures.lines(NOT_REBUILT)
         lines += [
             f"  sends refused (LockBackendError) while the store was down: {len(refused)}"
             + (f", over {refused[-1].at - refused[0].at:.1f} s" if refused else ""),
+            f"  sends refused while the store healed (LockStoreHealing): {len(healing)}"
+            + (
+                f", from {figures.after_restart(healing[0].at)} to {figures.after_restart(healing[-1].at)} ms after "
+                "the restart"
+                if healing
+                else ""
+            ),
+            f"  new locks taken again: {[figures.after_restart(at) for at, *_ in figures.lines(RESUMED)]} ms after "
+            "the restart: " + " / ".join(line[3] for line in figures.lines(RESUMED)),
             f"  loss ERROR per worker: {list(errors.values())}, "
             f"{[figures.after_restart(at) for at, *_ in figures.lines(ERROR)]} ms after the restart",
             f"  rebuild WARNING: {len(rebuilt)}, "

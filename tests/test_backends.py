@@ -857,3 +857,17 @@ def test_a_process_that_never_saw_the_mark_takes_places_on_an_empty_store(redis_
     sender.forget_epochs()
     redis_client.flushall()
     assert acquire(sender, "m3").acquired
+
+
+def test_a_heartbeat_that_finds_the_mark_gone_refuses_new_places_in_the_same_step(redis_client):
+    # Issue 20: between the heartbeat's read of the mark and the healing worker's refusal, no place is taken.
+    worker = RedisBackend(client=redis_client)
+    marks = worker.epochs("dramatiq-unique")
+    redis_client.flushall()
+    assert worker.epochs("dramatiq-unique") != marks
+    with pytest.raises(LockStoreHealing):
+        acquire(RedisBackend(client=redis_client), "m1")
+    # A process's first read of a store's mark is no loss: it writes the mark and refuses nothing.
+    redis_client.flushall()
+    RedisBackend(client=redis_client).epochs("dramatiq-unique")
+    assert acquire(RedisBackend(client=redis_client), "m1").acquired

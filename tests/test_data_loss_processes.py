@@ -1,12 +1,14 @@
 """A lock store SIGKILLed and restarted empty under load, with real `dramatiq` worker processes
 (issue 20; the run is tests/data_loss_load.py, its longer form benchmarks/data_loss.py).
 
-What must hold: each worker says once that the store lost its data; on RedisBroker one worker
-says once that it took the queued messages' enqueue locks again; no message is lost; a payment
-sent after that rebuild is refused as a duplicate while its original is pending; no sync sent
-after the last worker found the loss runs beside another of its account. Between the kill and
-the heartbeat that finds the loss, duplicates can be enqueued (documented in Deploying the lock
-store): those are printed, not asserted.
+What must hold: each worker says once that the store lost its data; one worker heals it and
+says once how long it refused new locks; on RedisBroker it says once that it took the queued
+messages' enqueue locks again, and no duplicate payment is enqueued at all (the sender saw the
+store's mark, so its first send after the restart finds the loss); no message is lost; a payment
+sent after the healing is refused as a duplicate while its original is pending; no sync sent
+after the last worker found the loss runs beside another of its account. On RabbitMQ, the
+duplicates of messages queued before the kill, whose locks cannot be rebuilt, are printed, not
+asserted.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 
 import pytest
 
-from .data_loss_load import ERROR, NOT_REBUILT, REBUILT, describe, run_load
+from .data_loss_load import ERROR, NOT_REBUILT, REBUILT, RESUMED, describe, run_load
 
 
 @pytest.mark.slow
@@ -28,6 +30,9 @@ def test_redisbroker_workers_heal_a_lock_store_restarted_empty_under_load(redis_
     rebuilt = figures.lines(REBUILT)
     assert len(rebuilt) == 1, figures.log
     assert figures.lines(NOT_REBUILT) == []
+    assert len(figures.lines(RESUMED)) == 1, figures.log
+    assert figures.refused("healing"), "no send met the healing store"
+    assert figures.duplicates() == []
     assert figures.lost == []
     copies, refused = figures.refused_after_healing()
     assert copies > 0
@@ -45,5 +50,6 @@ def test_rabbitmq_workers_say_what_the_lock_store_lost_under_load(redis_url, rab
     (not_rebuilt,) = figures.lines(NOT_REBUILT)  # one worker says it, with the number left uncovered
     uncovered = r"\d+ messages, locked or not, wait in its queues and delay queues now, and [1-9]\d* locked ones are in"
     assert re.search(uncovered, not_rebuilt[3]), not_rebuilt
+    assert len(figures.lines(RESUMED)) == 1, figures.log
     assert figures.lost == []
     assert figures.sync_overlaps(sent_after=figures.detected_at) == []

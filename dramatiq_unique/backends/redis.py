@@ -430,8 +430,10 @@ class RedisBackend(LockBackend):
 
     def epochs(self, prefix: str) -> dict[str, str]:
         # Not waited for by replicas (min_replicas): a failover to a replica that missed it is a loss too.
+        # On one node, a mark this process saw that went is refused in the same step (new_places_refused).
+        refusal = [refusal_key(prefix)] if prefix in self._marks_seen and not _is_cluster(self.client) else []
         marks = {
-            key: _text(self._call(self._epoch, [key], [uuid.uuid4().hex], writes=False))
+            key: _text(self._call(self._epoch, [key, *refusal], [uuid.uuid4().hex], writes=False))
             for key in self._epoch_keys(prefix)
         }
         self._marks_seen.add(prefix)
