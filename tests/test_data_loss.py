@@ -136,6 +136,7 @@ def test_a_store_flushed_while_no_worker_of_the_process_runs_is_no_loss_it_repor
     @env.actor(lock="until_executed")
     def settle(event_id):
         pass
+
     with caplog.at_level(logging.INFO, logger="dramatiq_unique"):
         first = env.worker(threads=1)
         wait_for(lambda: env.middleware.liveness._epochs_read is not None)
@@ -201,37 +202,41 @@ def test_the_enqueue_locks_of_the_messages_redisbroker_keeps_are_taken_again(los
         assert env.is_free(enqueue_outcome(first).digest)
 
 
-def test_new_locks_are_refused_until_the_store_is_healed(store, redis_client, caplog):
+@pytest.fixture
+def healing_env(store, redis_client):
+    """As loss_env, with heartbeats a second apart: the store heals for two seconds."""
+    broker = RedisBroker(client=redis_client)
+    broker.emit_after("process_boot")
+    middleware = UniqueJobs(backend=RedisBackend(client=store.client()), lease_period=3000, heartbeat_interval=1000)
+    yield from Env("redis", broker, middleware.backend, middleware).run()
+
+
+def test_new_locks_are_refused_until_the_store_is_healed(healing_env, store, caplog):
     # Issue 20: from the loss until every worker has had a heartbeat since and the queued messages'
     # locks are rebuilt, a send that would take a new lock raises LockStoreHealing (on_backend_error
     # "raise"); a copy of a rebuilt lock is a duplicate; then sends take locks again, and one WARNING
     # says how long they were refused.
-    broker = RedisBroker(client=redis_client)
-    broker.emit_after("process_boot")
-    middleware = UniqueJobs(backend=RedisBackend(client=store.client()), lease_period=3000, heartbeat_interval=1000)
-    env = Env("redis", broker, middleware.backend, middleware)
-    for _ in env.run():
-        runs = []
+    env, runs = healing_env, []
 
-        @env.actor(queue_name="payments", lock="until_executed", lock_args_method=lambda event_id: [event_id])
-        def settle(event_id):
-            runs.append(event_id)
+    @env.actor(queue_name="payments", lock="until_executed", lock_args_method=lambda event_id: [event_id])
+    def settle(event_id):
+        runs.append(event_id)
 
-        env.worker(threads=1)
-        first = settle.send_with_options(args=("evt_1",), delay=4_000)
-        wait_for(lambda: env.middleware.liveness._epochs_read is not None)
-        with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
-            store.kill()
-            store.start()
-            # This process saw the mark: its own send finds the loss before any heartbeat does.
-            with pytest.raises(LockStoreHealing):
-                settle.send("evt_2")
-            wait_for(lambda: "took again the enqueue locks of 1 messages" in caplog.text, timeout=5)
-            assert enqueue_outcome(settle.send("evt_1")).holder == first.message_id
-            with pytest.raises(LockStoreHealing):
-                settle.send("evt_2")
-            wait_for(lambda: "The lock store takes new locks again" in caplog.text, timeout=5)
-        assert enqueue_outcome(settle.send("evt_2")).enqueued
-        wait_for(lambda: sorted(runs) == ["evt_1", "evt_2"], timeout=10)
-        (resumed,) = [r.getMessage() for r in caplog.records if "takes new locks again" in r.getMessage()]
-        assert re.search(r"refused them for \d+ ms while it healed", resumed), resumed
+    env.worker(threads=1)
+    first = settle.send_with_options(args=("evt_1",), delay=4_000)
+    wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+        store.kill()
+        store.start()
+        # This process saw the mark: its own send finds the loss before any heartbeat does.
+        with pytest.raises(LockStoreHealing):
+            settle.send("evt_2")
+        wait_for(lambda: "took again the enqueue locks of 1 messages" in caplog.text, timeout=5)
+        assert enqueue_outcome(settle.send("evt_1")).holder == first.message_id
+        with pytest.raises(LockStoreHealing):
+            settle.send("evt_2")
+        wait_for(lambda: "The lock store takes new locks again" in caplog.text, timeout=5)
+    assert enqueue_outcome(settle.send("evt_2")).enqueued
+    wait_for(lambda: sorted(runs) == ["evt_1", "evt_2"], timeout=10)
+    (resumed,) = [r.getMessage() for r in caplog.records if "takes new locks again" in r.getMessage()]
+    assert re.search(r"refused them for \d+ ms while it healed", resumed), resumed
