@@ -183,7 +183,10 @@ class Healing:
             if not waiting and not (lock_type.holds_enqueue_lock_while_running or lock_type.outlives_message):
                 in_hand += 1
                 continue
-            acquisition = self.locks.build(message, config, outcome).acquire_enqueue(may_replace=False, healing=True)
+            lock = self.locks.build(message, config, outcome)
+            # One in a worker's hands may be running: a newer message never takes its place (replace).
+            holder = None if waiting else lock.holder_in_hand()
+            acquisition = lock.acquire_enqueue(may_replace=False, holder=holder, healing=True)
             if acquisition.acquired:
                 taken += 1
             else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from typing import TYPE_CHECKING
@@ -486,6 +487,11 @@ class MessageLock:
                     limit=self.config.lock_limit,
                     holder=self._running_holder(),
                 )
+
+    def holder_in_hand(self) -> Holder:
+        """The holder of a message in a worker's hands that may not have started, or may be
+        running: recorded as queued, and never replaceable."""
+        return dataclasses.replace(self._holder("queued"), replaceable=False)
 
     def _running_holder(self, *, enqueue_lock: bool = False) -> Holder:
         return self._holder("running", worker_id=worker_id(), enqueue_lock=enqueue_lock)

@@ -210,6 +210,30 @@ def test_the_enqueue_locks_of_the_messages_redisbroker_keeps_are_taken_again(los
         assert env.is_free(enqueue_outcome(first).digest)
 
 
+def test_a_rebuilt_lock_of_a_message_in_a_workers_hands_is_never_replaced(loss_env, store, caplog):
+    # Issue 20: the healing records a message it finds in a worker's hands as queued, since it may
+    # not have started, but never replaceable, since it may run: a newer message sent with the
+    # replace strategy is dropped, as when every holder runs, and the event runs once.
+    env, gate = loss_env, Gate()
+
+    @env.actor(lock="until_executed", on_conflict={"client": "replace"}, lock_args_method=lambda event_id: [event_id])
+    def settle(event_id):
+        gate.enter(event_id)
+
+    env.worker(threads=1)
+    settle.send("evt_1")
+    wait_for(lambda: gate.count("evt_1") == 1)
+    wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+        store.client().flushall()
+        wait_for(lambda: "took again the enqueue locks of 1 messages" in caplog.text, timeout=5)
+        wait_for(lambda: "The lock store takes new locks again" in caplog.text, timeout=5)
+    assert enqueue_outcome(settle.send("evt_1")).status == "duplicate"
+    gate.open()
+    env.join(settle)
+    assert gate.count("evt_1") == 1
+
+
 @pytest.fixture
 def healing_env(store, redis_client):
     """As loss_env, with heartbeats a second apart: the store heals for two seconds."""
