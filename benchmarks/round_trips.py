@@ -36,6 +36,7 @@ TARGETS = {
 
 #: What the lock scripts run inside Redis; any other command would be an extra round trip.
 SCRIPT_COMMANDS = {
+    "exists",  # whether new places are refused while the store heals after a loss of its data
     "time",
     "hgetall",
     "object|encoding",
