@@ -87,7 +87,8 @@ def reaper_env(redis_client):
 def test_one_cycle_releases_exactly_the_orphans_among_thousands_of_live_locks(reaper_env):
     # R3 + R4: 5,000 live locks in every state a message can be in, and 20 planted orphans.
     env, client, backend = reaper_env, reaper_env.broker.client, reaper_env.backend
-    gate, failed = Gate(), []
+    # The running messages hold their threads until the test is done, however long 5,000 sends take.
+    gate, failed = Gate(timeout=300), []
 
     @env.actor(lock="until_executed", queue_name="retrying", min_backoff=60_000, max_backoff=60_000)
     def flaky(n):
