@@ -27,7 +27,7 @@ import pika
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/data_loss_load.py makes the run
 
-from tests.data_loss_load import ERROR, NOT_REBUILT, REBUILT, Figures, run_load  # noqa: E402
+from tests.data_loss_load import ERROR, NOT_REBUILT, REBUILT, RESUMED, Figures, run_load  # noqa: E402
 
 try:
     from ._server import describe as describe_server
@@ -84,11 +84,11 @@ def rows(figures: Figures) -> dict[str, str]:
     errors = figures.lines(ERROR)
     rebuilt = figures.lines(REBUILT)
     not_rebuilt = figures.lines(NOT_REBUILT)
-    outage = figures.refused()
+    outage, healing = figures.refused(), figures.refused("healing")
     fault = figures.fault
     return {
-        "payment sends: enqueued / duplicate / refused": (
-            f"{payments['enqueued']} / {payments['duplicate']} / {payments['refused']}"
+        "payment sends: enqueued / duplicate / refused / healing": (
+            f"{payments['enqueued']} / {payments['duplicate']} / {payments['refused']} / {payments['healing']}"
         ),
         "sync sends enqueued": str(sum(s.kind == "sync" and s.status == "enqueued" for s in figures.sends)),
         "locks held before the kill: enqueue + run (keys)": _keys(figures.keys_before),
@@ -96,6 +96,14 @@ def rows(figures: Figures) -> dict[str, str]:
         "sends refused while the store was down": (
             f"{len(outage)} over {outage[-1].at - outage[0].at:.1f} s" if outage else "0"
         ),
+        "sends refused while the store healed, ms after restart": (
+            f"{len(healing)}: {figures.after_restart(healing[0].at)} to {figures.after_restart(healing[-1].at)}"
+            if healing
+            else "0"
+        ),
+        "new locks taken again, ms after restart": _ms([figures.after_restart(at) for at, *_ in figures.lines(RESUMED)])
+        if fault
+        else "-",
         "duplicate payments enqueued (in the window)": (
             f"{len(duplicates)} ({figures.in_window(duplicates)})" if fault else str(len(duplicates))
         ),

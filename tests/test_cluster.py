@@ -20,7 +20,7 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import TimeLimit
 from redis.crc import key_slot
 
-from dramatiq_unique import LockBackendError, RedisBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique import LockBackendError, LockStoreHealing, RedisBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.backends import Holder
 from dramatiq_unique.keys import enqueue_key, run_key
 
@@ -475,3 +475,32 @@ def test_a_cluster_that_no_node_answers_is_a_backend_error_and_send_fails_closed
     with pytest.raises(LockBackendError):
         settle.send("evt_2")
     assert broker.queues["default"].qsize() == 1  # only evt_1
+
+
+def test_a_new_lock_in_a_slot_that_moves_is_taken_at_once(cluster_client, redis_cluster):
+    # Issue 20 review: a script that takes a place also checks its slot's refusal key (the store
+    # heals after a loss of its data), which seldom exists. While the slot moves, such a script
+    # has keys on both sides and is answered TRYAGAIN: the refusal key is then looked at alone,
+    # and the place taken, without waiting for the move to end.
+    backend = RedisBackend(client=cluster_client)
+    backend.cluster_retry_seconds = 1.0
+    slot = slot_of(digests(1, seed="refusal-moves")[0])
+    held, fresh = digests(2, slot=slot, seed="refusal-moves")
+    source = redis_cluster.owner_of(slot)
+    target = next(node for node in redis_cluster.nodes if node is not source)
+    source_id, target_id = redis_cluster.node_id(source), redis_cluster.node_id(target)
+    assert backend.acquire(enqueue_key(PREFIX, held), "m1", limit=1, ttl=None, holder=holder("m1")).acquired
+    target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+    source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+    try:
+        started = time.monotonic()
+        assert backend.acquire(enqueue_key(PREFIX, fresh), "m2", limit=1, ttl=None, holder=holder("m2")).acquired
+        assert backend.acquire(enqueue_key(PREFIX, held), "m1", limit=1, ttl=None, holder=holder("m1")).acquired
+        assert time.monotonic() - started < 1.0
+        # A refusal in force there is still told, from the key alone.
+        backend.refuse_new_places(PREFIX, ttl=30_000)
+        with pytest.raises(LockStoreHealing):
+            backend.acquire(enqueue_key(PREFIX, fresh), "m3", limit=2, ttl=None, holder=holder("m3"))
+    finally:
+        for node in redis_cluster.nodes:
+            node.execute_command("CLUSTER SETSLOT", slot, "NODE", source_id)

@@ -45,6 +45,10 @@ _SLOTS = 16384
 #: until a worker writes it, no script can tell that it went.
 _MARK_LOOKS_EVERY = 60.0
 
+#: How long, in seconds, the refusal key of a cluster slot found moving is looked at apart from
+#: the scripts that take a place there: a script with keys on both sides of the move is refused.
+_MOVING_SLOT_SECONDS = 5.0
+
 #: The Lua functions every script starts with.
 _LIBRARY = "holders"
 
@@ -177,6 +181,9 @@ class RedisBackend(LockBackend):
         #: The lock prefixes whose mark of the store's data this process saw written, and when it
         #: last looked for the others' (monotonic, s): only a mark seen can be found gone.
         self._marks_seen: set[str] = set()
+        #: The hash slots of a cluster found moving between masters, and until when (monotonic, s)
+        #: their refusal key is looked at apart from the scripts.
+        self._moving_slots: dict[int, float] = {}
         self._marks_looked_for: dict[str, float] = {}
 
         def script(name: str) -> Any:
@@ -306,8 +313,10 @@ class RedisBackend(LockBackend):
         extend: int = 0,
         healing: bool = False,
     ) -> Acquisition:
-        keys = [key] if healing else [key, *self._refusal_keys(key)]
-        reply = self._call(self._acquire, keys, [owner, limit, ttl or 0, extend, holder.encode(owner)])
+        refusal = () if healing else self._refusal_keys(key)
+        reply = self._call(
+            self._acquire, [key], [owner, limit, ttl or 0, extend, holder.encode(owner)], refusal=refusal
+        )
         return _acquisition(reply)
 
     def release(self, key: str, owner: str) -> bool:
@@ -335,8 +344,9 @@ class RedisBackend(LockBackend):
     ) -> Acquisition:
         reply = self._call(
             self._replace,
-            [key, replaced_key, *self._refusal_keys(key)],
+            [key, replaced_key],
             [owner, limit, ttl or 0, extend, holder.encode(owner), REPLACED_TTL],
+            refusal=self._refusal_keys(key),
         )
         return _acquisition(reply)
 
@@ -360,8 +370,9 @@ class RedisBackend(LockBackend):
     ) -> Acquisition:
         reply = self._call(
             self._swap,
-            [release_key, acquire_key, replaced_key, *self._refusal_keys(acquire_key)],
+            [release_key, acquire_key, replaced_key],
             [release_owner, owner, limit, ttl or 0, holder.encode(owner)],
+            refusal=self._refusal_keys(acquire_key),
         )
         return _acquisition(reply)
 
@@ -479,6 +490,12 @@ class RedisBackend(LockBackend):
             return [refusal_key(prefix, _slot_tags()[key_slot(key.encode())])]
         return [refusal_key(prefix), epoch_key(prefix)] if self._saw_mark(prefix) else [refusal_key(prefix)]
 
+    def _exists(self, key: str) -> bool:
+        try:
+            return bool(self.client.exists(key))
+        except _REDIS_ERRORS as e:
+            raise _backend_error(e) from e
+
     def _saw_mark(self, prefix: str) -> bool:
         if prefix in self._marks_seen:
             return True
@@ -569,16 +586,36 @@ class RedisBackend(LockBackend):
             raise _backend_error(e) from e
         return [{_text(field): int(count) for field, count in fields.items()} for fields in contents]
 
-    def _call(self, script: Script, keys: list[str], args: list[Any], *, writes: bool = True) -> Any:
+    def _call(
+        self, script: Script, keys: list[str], args: list[Any], *, writes: bool = True, refusal: Sequence[str] = ()
+    ) -> Any:
         """Run ``script`` in one round trip; a script that ``writes`` also waits for
-        ``min_replicas`` replicas in that round trip."""
+        ``min_replicas`` replicas in that round trip. ``refusal``: the keys a script that takes
+        a place checks last (see _refusal_keys)."""
         deadline = None
+        if refusal and self._moving_slots:
+            moving_until = self._moving_slots.get(key_slot(keys[0].encode()))
+            if moving_until is not None and time.monotonic() < moving_until:
+                if self._exists(refusal[0]):
+                    raise LockStoreHealing()
+                refusal = ()
+        keys = [*keys, *refusal]
         while True:
             try:
                 if writes and self.min_replicas:
                     return self._call_replicated(script, keys, args)
                 return script(keys=keys, args=args)
             except (redis.exceptions.ClusterError, redis.exceptions.TryAgainError) as e:
+                if refusal:
+                    # A slot moving between masters answers TRYAGAIN to a script whose keys are not
+                    # all on one side (redis-py's retries end in either error), and the refusal key
+                    # seldom exists: it is looked at alone for a while (a redirect is followed for
+                    # one key), and the script runs without it.
+                    self._moving_slots[key_slot(keys[0].encode())] = time.monotonic() + _MOVING_SLOT_SECONDS
+                    if self._exists(refusal[0]):
+                        raise LockStoreHealing() from e
+                    keys, refusal = keys[: -len(refusal)], ()
+                    continue
                 # redis-py gave up on redirects and TRYAGAIN answers, or the cluster is down.
                 deadline = deadline or time.monotonic() + self.cluster_retry_seconds
                 if time.monotonic() >= deadline:
