@@ -36,7 +36,9 @@ TARGETS = {
 
 #: What the lock scripts run inside Redis; any other command would be an extra round trip.
 SCRIPT_COMMANDS = {
-    "exists",  # whether new places are refused while the store heals after a loss of its data
+    # Whether new places are refused while the store heals after a loss of its data (with the mark: MGET).
+    "exists",
+    "mget",
     "time",
     "hgetall",
     "object|encoding",

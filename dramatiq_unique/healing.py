@@ -13,28 +13,37 @@ alone. Other brokers cannot be read: their queued messages' locks are not rebuil
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from dramatiq import Broker, Message
 from dramatiq.common import dq_name
+from dramatiq.errors import DecodeError
 
 from .backends import Holder, LockBackend
 from .backends.base import UNHEALED_REFUSAL
 from .errors import InvalidLockOptions, LockBackendError
 from .in_hand import held_by_live_workers
-from .keys import healing_key, registry_key
+from .keys import healed_key, healing_key, registry_key
 from .lock import LockFactory
 from .options import ActorConfigs
 from .outcome import ENQUEUED, enqueue_outcome
 from .reaper import QueueCounter, needs_messages_in_hand
 
-#: How long the worker that heals holds the lock that keeps the others from doing it too (ms):
-#: every worker finds the same loss within one heartbeat interval. It holds it again each round.
-HEALING_TTL = 60_000
+#: How long the worker that heals holds the lock that keeps the others from doing it too, in
+#: heartbeat intervals: it holds it again each round, and a worker that found the same loss
+#: takes over once a healer that stopped has let it lapse.
+HEALING_LOCK_INTERVALS = 3
+#: How long a healed loss is remembered (ms): a worker that finds it late does not heal it again.
+HEALED_TTL = 3_600_000
+#: The rebuild keeps the refusal and the healing lock after this many messages.
+RENEW_EVERY = 500
 
 
 class Healing:
@@ -44,7 +53,7 @@ class Healing:
 
     Parameters:
       backend(LockBackend): The lock store.
-      prefix(str): The middleware's lock prefix.
+      prefix(str): The middleware's lock prefix; :meth:`add_prefix` adds others.
       heartbeat_interval(int): Milliseconds between two heartbeats of a worker.
       configs(ActorConfigs): The lock options of actors and messages.
       locks(LockFactory): Builds a message's locks.
@@ -63,7 +72,9 @@ class Healing:
     ):
         self.backend = backend
         self.prefix = prefix
+        self.prefixes: tuple[str, ...] = (prefix,)
         self.key = healing_key(prefix)
+        self.healed_key = healed_key(prefix)
         self.registry = registry_key(prefix)
         self.heartbeat_interval = heartbeat_interval
         self.configs = configs
@@ -71,59 +82,112 @@ class Healing:
         self.logger = logger
         #: The broker of this process's Workers, once one booted.
         self.broker: Broker | None = None
-        #: While this worker heals: its place in the healing lock, when it began and when new
-        #: places are taken again (our monotonic clock, s).
-        self._owner = uuid.uuid4().hex
+        self._forget()
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
+
+    def _forget(self) -> None:
+        """No healing: none begun, or (in a forked child) none of this process's."""
+        #: While this worker heals: its place in the healing lock, the marks of the loss it
+        #: heals, when it began and when new places are taken again (our monotonic clock, s).
+        self._owner: str | None = None
+        self._marks = ""
         self._began: float | None = None
         self._resumes_at = 0.0
         #: Whether the enqueue locks were rebuilt, or what is left uncovered said, since it began.
         self._rebuilt = False
+        #: Whether this worker found a loss that another heals: it takes over if that one stops.
+        self._watching = False
+
+    def add_prefix(self, prefix: str) -> None:
+        """Refuse new places under ``prefix`` too while the store heals: the lock prefix of an actor."""
+        if prefix not in self.prefixes:
+            self.prefixes = (*self.prefixes, prefix)
 
     def __call__(self, data_lost: bool) -> bool:
         """One round of the periodic thread of a worker that found a loss of the store's data
-        (``data_lost``), or heals it. Returns whether it heals still: to be called next round."""
+        (``data_lost``), or heals it, or watches another heal it. Returns whether it is to be
+        called again next round."""
         try:
             if data_lost:
-                return self._begin()
-            return self._go_on()
+                self._watching = True
+                if self._owner is not None:
+                    self._begin()  # a new loss while it heals: it begins again
+                    return True
+            if self._owner is not None:
+                return self._go_on()
+            if self._watching:
+                return self._heal_unless_healed()
+            return False
         except LockBackendError as e:
-            self.logger.error("Healing the lock store after it lost its data failed: %s. It tries again.", e)
-            return self._began is not None
+            self.logger.error("Healing the lock store after it lost its data failed: %s. This worker tries again.", e)
+            return True
+        except Exception:
+            self.logger.exception("Healing the lock store after it lost its data failed; this worker tries again.")
+            return True
 
-    def _begin(self) -> bool:
-        if not self._hold():
-            return False  # another worker found the same loss first, and heals it
-        self.backend.refuse_new_places(self.prefix, ttl=UNHEALED_REFUSAL)
+    def _heal_unless_healed(self) -> bool:
+        """Heal the loss this worker found, unless another worker heals it (it watches on) or did."""
+        owner = uuid.uuid4().hex
+        if not self._hold(owner):
+            return True
+        self._owner = owner
+        marks = json.dumps(self.backend.epochs(self.prefix), sort_keys=True)
+        if self.backend.get_value(self.healed_key) == marks:
+            # Healed already, by another worker; this one took its running messages' run locks again.
+            self._release(watch=False)
+            return False
+        self._marks = marks
+        self._begin()
+        return True
+
+    def _begin(self) -> None:
+        self._refuse()
         began = time.monotonic()
         self._began = self._began or began
         # Every live worker finds the loss at a heartbeat within one interval of it, which came before this one.
         self._resumes_at = began + 2 * self.heartbeat_interval / 1000
         self._rebuilt = False
         self._rebuild_once()
-        return True
 
     def _go_on(self) -> bool:
-        if self._began is None:
-            return False
-        self._hold()
-        if not self._rebuilt:
-            self._rebuild_once()
-        if time.monotonic() < self._resumes_at:
-            self.backend.refuse_new_places(self.prefix, ttl=UNHEALED_REFUSAL)
+        assert self._owner is not None
+        if not self._hold(self._owner):
+            # This worker stalled past its hold, and another may heal now: it only watches.
+            self._release(watch=True)
             return True
-        self.backend.accept_new_places(self.prefix)
-        self.backend.release(self.key, self._owner)
+        if time.monotonic() < self._resumes_at or not self._rebuilt:
+            self._refuse()
+            if not self._rebuilt:
+                self._rebuild_once()
+            return True
+        for prefix in self.prefixes:
+            self.backend.accept_new_places(prefix)
+        self.backend.set_value(self.healed_key, self._marks, ttl=HEALED_TTL)
         self.logger.warning(
             "The lock store takes new locks again: this worker refused them for %d ms while it healed the store.",
-            int((time.monotonic() - self._began) * 1000),
+            int((time.monotonic() - (self._began or 0)) * 1000),
         )
-        self._began = None
+        self._release(watch=False)
         return False
 
-    def _hold(self) -> bool:
+    def _refuse(self) -> None:
+        for prefix in self.prefixes:
+            self.backend.refuse_new_places(prefix, ttl=UNHEALED_REFUSAL)
+
+    def _hold(self, owner: str) -> bool:
         """Take, or keep, the healing lock."""
-        holder = Holder(message_id=self._owner, actor="", queue="", lock="healing", state="running")
-        return self.backend.acquire(self.key, self._owner, limit=1, ttl=HEALING_TTL, holder=holder).acquired
+        holder = Holder(message_id=owner, actor="", queue="", lock="healing", state="running")
+        ttl = HEALING_LOCK_INTERVALS * self.heartbeat_interval
+        return self.backend.acquire(self.key, owner, limit=1, ttl=ttl, holder=holder).acquired
+
+    def _release(self, *, watch: bool) -> None:
+        """Stop healing, and give the healing lock up; ``watch``: take over if another heals and stops."""
+        owner = self._owner
+        self._forget()
+        self._watching = watch
+        if owner is not None:
+            self.backend.release(self.key, owner)
 
     def _rebuild_once(self) -> None:
         from dramatiq.brokers.redis import RedisBroker
@@ -169,7 +233,11 @@ class Healing:
 
     def _rebuild(self, broker: Any) -> tuple[int, int, int]:
         taken = duplicates = in_hand = 0
-        for message, waiting in _kept_messages(broker):
+        for seen, (message, waiting) in enumerate(_kept_messages(broker), start=1):
+            if seen % RENEW_EVERY == 0 and self._owner is not None:
+                # A long rebuild keeps what a round keeps.
+                self._hold(self._owner)
+                self._refuse()
             try:
                 config = self.configs.for_message(message)
             except InvalidLockOptions:
@@ -203,4 +271,14 @@ def _kept_messages(broker: Any) -> Iterator[tuple[Message[Any], bool]]:
         for name in (dq_name(queue), queue):
             waiting = set(client.lrange(f"{namespace}:{name}", 0, -1))
             for redis_id, payload in client.hscan_iter(f"{namespace}:{name}.msgs"):
-                yield Message.decode(payload), redis_id in waiting
+                try:
+                    message = Message.decode(payload)
+                except DecodeError:
+                    continue  # no worker can run it either: Dramatiq dead-letters it when it is fetched
+                yield message, redis_id in waiting
+
+
+def _forget_in_child(ref: weakref.ref[Healing]) -> None:
+    healing = ref()
+    if healing is not None:
+        healing._forget()

@@ -64,6 +64,12 @@ def healing_key(prefix: str) -> str:
     return f"{prefix}:healing"
 
 
+def healed_key(prefix: str) -> str:
+    """The key of the marks of the store's data that the last healing healed: a worker that
+    finds that loss late heals nothing."""
+    return f"{prefix}:healed"
+
+
 def reaper_leader_key(prefix: str) -> str:
     """The key of the lock a reaper run holds while it works: one run at a time."""
     return f"{prefix}:reaper"

@@ -120,6 +120,8 @@ class Liveness:
         self._epochs_read: float | None = None
         #: Whether the last round found that the store lost its data.
         self.found_data_loss = False
+        #: Whether the store refused new places when this worker registered.
+        self._refused_at_boot = False
         #: How the events of the periodic thread reach their subscribers: called at once, unless the
         #: runtime hands them to the thread of the Worker (a gevent hub), where the subscribers'
         #: own connections work.
@@ -174,6 +176,7 @@ class Liveness:
         # Worker of this process ran (a test's flush between two Workers) is no loss it can tell.
         self._epochs, self._epochs_read = {}, None
         self._data_lost()
+        self._refused_at_boot = self._refusing()
         for key in self.registry_keys:
             try:  # processes killed long ago leave the registry, reaper or not
                 self.backend.forget_workers(key, before=now - 10 * self.lease_period)
@@ -209,6 +212,7 @@ class Liveness:
         self._last_round = None
         self._renewed_at = None
         self._epochs, self._epochs_read = {}, None
+        self._refused_at_boot = False
         self.tell = _call
 
     # What the periodic thread looks after -----------------------------------------
@@ -275,7 +279,8 @@ class Liveness:
         now = self._beat()
         if now is None:
             return None
-        self.found_data_loss = self._data_lost()
+        self.found_data_loss = self._data_lost() or self._refused_at_boot
+        self._refused_at_boot = False
         self._renew_due(stalled, data_lost=self.found_data_loss)
         self._retry_releases()
         return now
@@ -336,6 +341,21 @@ class Liveness:
                 "Worker %r sends its heartbeat again, after %d that failed.", self.worker_id, self._failed_heartbeats
             )
             self._failed_heartbeats = 0
+
+    def _refusing(self) -> bool:
+        """Whether the store refuses new places as this worker boots: a process found that it lost
+        its data while no worker ran, or a worker heals it. This worker takes part in the healing."""
+        try:
+            refusing = self.backend.refusing(self.prefix)
+        except LockBackendError:
+            return False  # the heartbeats tell of the outage
+        if refusing:
+            self.logger.warning(
+                "Worker %r boots while the lock store refuses new locks after a loss of its data: it takes part in "
+                "healing the store.",
+                self.worker_id,
+            )
+        return refusing
 
     def _data_lost(self) -> bool:
         """Whether the store lost its data since the marks were last read: say so if it did."""

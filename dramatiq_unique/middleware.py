@@ -348,6 +348,7 @@ class UniqueJobs(Middleware):
         # Workers are known alive, and orphans reaped, under every lock prefix in use.
         self.liveness.add_prefix(options["lock_prefix"])
         self.reaper.add_prefix(options["lock_prefix"])
+        self.healing.add_prefix(options["lock_prefix"])
         if self.client_side.guard(broker):
             self._warn_if_after_retries(broker)
 

@@ -17,7 +17,7 @@ from dramatiq.middleware import SkipMessage
 from .backends import Acquisition
 from .conflicts import TRY_AGAIN, conflict_of, strategy_for
 from .current import _set_current_lock
-from .errors import LockBackendError
+from .errors import LockBackendError, LockStoreHealing
 from .events import BACKEND_ERROR, CONFLICT
 from .lock import LockFactory, MessageLock
 from .options import ActorConfigs
@@ -80,6 +80,12 @@ class WorkerSide:
         thread.processing = lock
         try:
             acquisition = self._take(lock)
+        except LockStoreHealing as e:
+            lock.emit(BACKEND_ERROR, reason="start", error=e)
+            if not self.outage.allows:
+                self._wait_for_healing(broker, lock, e)
+            self.outage.failed(message, "run", e)
+            acquisition = None
         except LockBackendError as e:
             lock.emit(BACKEND_ERROR, reason="start", error=e)
             self.outage.failed(message, "run", e)  # raises, unless on_backend_error="allow"
@@ -152,6 +158,21 @@ class WorkerSide:
             strategy = TRY_AGAIN
         lock.emit(CONFLICT, side=SERVER, strategy=strategy.name, holders=holders)
         strategy.on_server_conflict(conflict)
+
+    def _wait_for_healing(self, broker: Broker, lock: MessageLock, error: LockStoreHealing) -> NoReturn:
+        """The store heals after a loss of its data, for a few heartbeat intervals: the message is
+        enqueued again after ``reschedule_delay``, its retries and reschedules untouched."""
+        message, delay = lock.message, lock.config.reschedule_delay
+        self.logger.warning(
+            "Message %r of actor %r is enqueued again to start in %d ms: %s",
+            message.message_id,
+            message.actor_name,
+            delay,
+            error,
+        )
+        # The copy keeps the message_id, so it keeps the enqueue lock the message holds.
+        broker.enqueue(message.copy(), delay=delay)
+        raise SkipMessage("The lock store heals.")
 
     def _dead_letter(self, message: MessageProxy, outcome: EnqueueOutcome) -> NoReturn:
         """A message marked rejected (its ``outcome``) goes to the dead-letter queue unrun."""

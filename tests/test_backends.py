@@ -263,7 +263,8 @@ def test_redis_recovers_from_a_flushed_script_cache(redis_client):
 
 #: The commands the scripts run.
 SCRIPT_COMMANDS = {
-    "exists",  # whether new places are refused while the store heals
+    "exists",  # whether new places are refused while the store heals (with the mark: MGET)
+    "mget",
     "time",
     "hgetall",
     "hget",
@@ -871,3 +872,18 @@ def test_a_heartbeat_that_finds_the_mark_gone_refuses_new_places_in_the_same_ste
     redis_client.flushall()
     RedisBackend(client=redis_client).epochs("dramatiq-unique")
     assert acquire(RedisBackend(client=redis_client), "m1").acquired
+
+
+def test_a_refusal_is_kept_when_the_mark_is_gone_too(redis_client):
+    # Issue 20 review: a second loss while the store heals (the healer's next round refuses again
+    # before any heartbeat writes the mark again), or an evicted mark: a process that saw the mark
+    # is refused as every other one is.
+    healer, sender = RedisBackend(client=redis_client), RedisBackend(client=redis_client)
+    healer.epochs("dramatiq-unique")
+    assert acquire(sender, "m0", key="dramatiq-unique:{d0}").acquired
+    redis_client.flushall()
+    healer.refuse_new_places("dramatiq-unique", ttl=30_000)
+    with pytest.raises(LockStoreHealing):
+        acquire(RedisBackend(client=redis_client), "m1", key="dramatiq-unique:{d1}")
+    with pytest.raises(LockStoreHealing):
+        acquire(sender, "m2", key="dramatiq-unique:{d2}")

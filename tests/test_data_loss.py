@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from dramatiq.brokers.redis import RedisBroker
 from prometheus_client import CollectorRegistry
 
 from dramatiq_unique import LockStoreHealing, RedisBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique.backends import Holder
 
 from .support import Env, Gate, wait_for
 from .test_outages import RedisProcess
@@ -317,3 +319,164 @@ def test_a_cluster_master_that_lost_its_data_is_healed_in_every_slot(cluster_hea
     for i in range(12):
         assert enqueue_outcome(settle.send(f"new_{i}")).enqueued
     assert cluster_client.keys("dramatiq-unique:refusing*") == []
+
+
+def test_an_actor_with_its_own_lock_prefix_is_refused_while_the_store_heals(healing_env, store, caplog):
+    # Issue 20 review: the healing refuses new places under every lock prefix of the middleware's actors.
+    env = healing_env
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_prefix="billing")
+    def invoice(number):
+        pass
+
+    env.worker(threads=1)
+    wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+        store.client().flushall()
+        wait_for(lambda: "took again the enqueue locks" in caplog.text, timeout=5)
+        with pytest.raises(LockStoreHealing):
+            invoice.send(7)
+        wait_for(lambda: "The lock store takes new locks again" in caplog.text, timeout=5)
+    assert enqueue_outcome(invoice.send(7)).enqueued
+
+
+def test_a_process_whose_worker_stopped_takes_locks_on_a_store_flushed_since(healing_env, store):
+    # Issue 20 review: the pattern of a test suite, with a send between the stop and the flush: the
+    # process forgot the mark when its last worker stopped, and does not look for it again until a
+    # worker of it reads the marks.
+    env = healing_env
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_args_method=lambda event_id: [event_id])
+    def settle(event_id):
+        pass
+
+    first = env.worker(threads=1)
+    wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+    first.stop()
+    env.workers.remove(first)
+    assert enqueue_outcome(settle.send("evt_1")).enqueued
+    store.client().flushall()
+    assert enqueue_outcome(settle.send("evt_2")).enqueued
+    env.worker(threads=1)
+    assert enqueue_outcome(settle.send("evt_3")).enqueued
+
+
+def test_a_worker_that_boots_while_the_store_refuses_heals_it(healing_env, store, caplog):
+    # Issue 20 review: a sender found the loss while no worker ran (its script refuses for 30 s);
+    # a worker that boots then finds the refusal and heals the store within a few heartbeats.
+    env = healing_env
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_args_method=lambda event_id: [event_id])
+    def settle(event_id):
+        pass
+
+    sender = RedisBackend(client=store.client())
+    sender.epochs("dramatiq-unique")  # it saw the mark a worker wrote
+    store.client().flushall()
+    with pytest.raises(LockStoreHealing):
+        sender.acquire(
+            "dramatiq-unique:{d1}",
+            "m1",
+            limit=1,
+            ttl=None,
+            holder=Holder("m1", "settle", "payments", "until_executed", "queued"),
+        )
+    with caplog.at_level(logging.INFO, logger="dramatiq_unique"):
+        env.worker(threads=1)
+        wait_for(lambda: "The lock store takes new locks again" in caplog.text, timeout=8)
+    assert "boots while the lock store refuses new locks" in caplog.text
+    assert enqueue_outcome(settle.send("evt_1")).enqueued
+
+
+def test_a_message_the_healing_cannot_read_does_not_stop_it(healing_env, store, redis_client, caplog):
+    # Issue 20 review: a payload in RedisBroker that does not decode is passed over by the rebuild.
+    env = healing_env
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_args_method=lambda event_id: [event_id])
+    def settle(event_id):
+        pass
+
+    first = settle.send_with_options(args=("evt_1",), delay=60_000)
+    redis_client.hset("dramatiq:payments.DQ.msgs", "garbage", b"not a message")
+    env.worker(threads=1)
+    wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+        store.client().flushall()
+        wait_for(lambda: "The lock store takes new locks again" in caplog.text, timeout=8)
+    assert "took again the enqueue locks of 1 messages" in caplog.text
+    assert enqueue_outcome(settle.send("evt_1")).holder == first.message_id
+
+
+def test_a_message_that_starts_while_the_store_heals_waits_without_using_a_retry(healing_env, store, caplog):
+    # Issue 20 review: a while_executing message fetched while the store heals is enqueued again
+    # after reschedule_delay, its retries untouched: an actor with max_retries=0 is not dead-lettered.
+    env, runs = healing_env, []
+
+    @env.actor(
+        queue_name="sync",
+        lock="while_executing",
+        max_retries=0,
+        reschedule_delay=500,
+        lock_args_method=lambda account: [account],
+    )
+    def sync(account):
+        runs.append(account)
+
+    env.worker(threads=1)
+    wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+        store.client().flushall()
+        wait_for(lambda: "took again the enqueue locks" in caplog.text, timeout=5)
+        sync.send(42)
+        wait_for(lambda: "is enqueued again to start in 500 ms" in caplog.text, timeout=5)
+        wait_for(lambda: runs == [42], timeout=10)
+    env.join(sync)
+    assert env.dead_letters(sync) == []
+
+
+def test_a_worker_that_finds_a_healed_loss_late_heals_nothing(store):
+    # Issue 20 review: a worker whose heartbeats failed through the healing finds the loss once the
+    # healer is done: it does not refuse new places again.
+    client = store.client()
+    healer = UniqueJobs(backend=RedisBackend(client=client), heartbeat_interval=100).healing
+    late = UniqueJobs(backend=RedisBackend(client=client), heartbeat_interval=100).healing
+    assert healer(True)
+    time.sleep(0.25)
+    assert not healer(False)  # healed: new places are taken again
+    assert not late(True)
+    assert not client.exists("dramatiq-unique:refusing")
+
+
+def test_a_worker_takes_over_the_healing_of_one_that_stopped(store):
+    # Issue 20 review: a worker that found the loss while another healed it watches; when the
+    # healer stops (its healing lock lapses), it heals, and new places are taken again.
+    client = store.client()
+    healer = UniqueJobs(backend=RedisBackend(client=client), heartbeat_interval=100).healing
+    other = UniqueJobs(backend=RedisBackend(client=client), heartbeat_interval=100).healing
+    assert healer(True)
+    assert other(True)  # watches: another heals
+    assert client.exists("dramatiq-unique:refusing")
+    time.sleep(0.35)  # the healer is gone: its lock lapses after three heartbeat intervals
+    assert other(False)  # takes over
+    time.sleep(0.25)
+    assert not other(False)
+    assert not client.exists("dramatiq-unique:refusing")
+
+
+def test_a_forked_process_heals_nothing_of_its_parent(store):
+    # Issue 20 review: a child forked while its parent heals has no place in the healing lock.
+    import os
+
+    healing = UniqueJobs(backend=RedisBackend(client=store.client()), heartbeat_interval=100).healing
+    assert healing(True)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, repr(healing._owner).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child_owner = os.read(read, 64).decode()
+    os.waitpid(pid, 0)
+    assert healing._owner is not None and child_owner == "None"

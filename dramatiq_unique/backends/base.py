@@ -528,6 +528,11 @@ class LockBackend(abc.ABC):
         """Take new places under ``prefix`` again: the worker that healed the store is done."""
         return None
 
+    def refusing(self, prefix: str) -> bool:
+        """Whether new places under ``prefix`` are refused now (:meth:`refuse_new_places`, or
+        a script that found the store's data gone). This implementation refuses none."""
+        return False
+
     def forget_epochs(self) -> None:
         """Forget which marks (:meth:`epochs`) this process saw: the last worker of the
         process stopped, and a store emptied from now on (a test suite's flush) is no

@@ -185,6 +185,7 @@ class RedisBackend(LockBackend):
         #: their refusal key is looked at apart from the scripts.
         self._moving_slots: dict[int, float] = {}
         self._marks_looked_for: dict[str, float] = {}
+        self._marks_forgotten = False
 
         def script(name: str) -> Any:
             return self.client.register_script(_script_source(name, fence_retention=fence_retention))
@@ -448,6 +449,7 @@ class RedisBackend(LockBackend):
             for key in self._epoch_keys(prefix)
         }
         self._marks_seen.add(prefix)
+        self._marks_forgotten = False
         return marks
 
     def refuse_new_places(self, prefix: str, *, ttl: int) -> None:
@@ -475,9 +477,17 @@ class RedisBackend(LockBackend):
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
 
+    def refusing(self, prefix: str) -> bool:
+        if not _is_cluster(self.client):
+            return self._exists(refusal_key(prefix))
+        # Every slot's refusal is written at once: one is enough to tell.
+        return self._exists(refusal_key(prefix, _slot_tags()[0]))
+
     def forget_epochs(self) -> None:
         self._marks_seen.clear()
         self._marks_looked_for.clear()
+        # Until this process reads the marks again, no script of it looks for one.
+        self._marks_forgotten = True
 
     def _refusal_keys(self, key: str) -> list[str]:
         """The keys a script that takes a new place in the lock at ``key`` checks first: the
@@ -499,6 +509,8 @@ class RedisBackend(LockBackend):
     def _saw_mark(self, prefix: str) -> bool:
         if prefix in self._marks_seen:
             return True
+        if self._marks_forgotten:
+            return False
         looked = self._marks_looked_for.get(prefix)
         if looked is not None and time.monotonic() - looked < _MARK_LOOKS_EVERY:
             return False

@@ -278,6 +278,10 @@ class StubBackend(LockBackend):
         with self._mutex:
             self._refusals[prefix] = _now() + ttl
 
+    def refusing(self, prefix: str) -> bool:
+        with self._mutex:
+            return self._refusals.get(prefix, 0) > _now()
+
     def accept_new_places(self, prefix: str) -> None:
         with self._mutex:
             self._refusals.pop(prefix, None)

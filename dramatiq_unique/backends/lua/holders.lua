@@ -249,10 +249,10 @@ end
 local function new_places_refused(refusal, mark)
   if not refusal then return false end
   if not mark then return redis.call("EXISTS", refusal) == 1 end
-  -- One look at both: the mark alone is the usual answer, both a refusal, neither a loss.
-  local found = redis.call("EXISTS", refusal, mark)
-  if found == 2 then return true end
-  if found == 0 then
+  -- One look at both: a refusal refuses, the mark alone is the usual answer, neither a loss.
+  local found = redis.call("MGET", refusal, mark)
+  if found[1] then return true end
+  if not found[2] then
     local _, now_us = clock()
     redis.call("SET", mark, "lost at " .. now_us)
     redis.call("SET", refusal, "lost at " .. now_us, "PX", UNHEALED_REFUSAL)
