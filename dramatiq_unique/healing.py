@@ -98,6 +98,8 @@ class Healing:
         self._rebuilt = False
         #: Whether this worker found a loss that another heals: it takes over if that one stops.
         self._watching = False
+        #: Whether a round runs now.
+        self._busy = False
 
     def add_prefix(self, prefix: str) -> None:
         """Refuse new places under ``prefix`` too while the store heals: the lock prefix of an actor."""
@@ -108,6 +110,11 @@ class Healing:
         """One round of the periodic thread of a worker that found a loss of the store's data
         (``data_lost``), or heals it, or watches another heal it. Returns whether it is to be
         called again next round."""
+        if self._busy:
+            # Under gevent each round runs in a greenlet of the hub: one round at a time heals.
+            self._watching = self._watching or data_lost
+            return True
+        self._busy = True
         try:
             if data_lost:
                 self._watching = True
@@ -125,6 +132,8 @@ class Healing:
         except Exception:
             self.logger.exception("Healing the lock store after it lost its data failed; this worker tries again.")
             return True
+        finally:
+            self._busy = False
 
     def _heal_unless_healed(self) -> bool:
         """Heal the loss this worker found, unless another worker heals it (it watches on) or did."""
