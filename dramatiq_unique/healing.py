@@ -135,6 +135,25 @@ class Healing:
         finally:
             self._busy = False
 
+    def hand_over(self) -> None:
+        """The last worker of this process stops: a healing it began is left to the other workers
+        that found the loss (they take over at once), or else ends within a few heartbeat intervals."""
+        if self._owner is None:
+            return
+        ttl = HEALING_LOCK_INTERVALS * self.heartbeat_interval
+        try:
+            for prefix in self.prefixes:
+                self.backend.refuse_new_places(prefix, ttl=ttl)
+            self._release(watch=False)
+        except LockBackendError as e:
+            self.logger.warning("This worker could not hand over the healing of the lock store: %s", e)
+            return
+        self.logger.warning(
+            "This worker stops before it has healed the lock store: another worker that found the loss takes "
+            "over, or new locks are taken again in %d ms.",
+            ttl,
+        )
+
     def _heal_unless_healed(self) -> bool:
         """Heal the loss this worker found, unless another worker heals it (it watches on) or did."""
         owner = uuid.uuid4().hex

@@ -226,6 +226,7 @@ class UniqueJobs(Middleware):
             activity=activity,
             periodic_tasks=periodic_tasks,
             healing=lambda data_lost: self.healing(data_lost),
+            hand_over_healing=lambda: self.healing.hand_over(),
         )
         #: The parts of the runtime that each message's locks use.
         self.liveness = self.runtime.liveness

@@ -88,6 +88,7 @@ class Runtime:
       healing(collections.abc.Callable): Called by the round that found that the lock store
         lost its data, after the run locks of the running messages were taken again, with
         ``True``; and with ``False`` by each round after, for as long as it answers ``True``: it heals still.
+      hand_over_healing(collections.abc.Callable): Called when the last Worker stops while it heals.
     """
 
     def __init__(
@@ -103,6 +104,7 @@ class Runtime:
         activity: bool,
         periodic_tasks: Sequence[Callable[[int], None]] = (),
         healing: Callable[[bool], bool] | None = None,
+        hand_over_healing: Callable[[], None] | None = None,
     ):
         self.logger = logger
         #: The backend of the threads that send, whose lock store's marks it may have seen.
@@ -147,6 +149,7 @@ class Runtime:
             events.add_counter(self.activity)
         self._tasks = tuple(periodic_tasks)
         self._heal = healing
+        self._hand_over_healing = hand_over_healing
         self._init_state()
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _reset_in_child(ref))
@@ -407,6 +410,9 @@ class Runtime:
         """The worker's last work: flush the activity counts, try the failed releases once
         more and leave the registry."""
         self._flush()
+        if self._healing and self._hand_over_healing is not None:
+            self._healing = False
+            self._hand_over_healing()
         self.liveness.leave()
         # A store emptied from now on, while no Worker of this process runs (a test suite's flush), is no loss.
         self._backend.forget_epochs()

@@ -94,12 +94,14 @@ def make_env(request):
     """Builds an Env on StubBroker + StubBackend or RedisBroker + RedisBackend with the
     middleware options a test needs."""
     built = []
+    # Set up before the Envs, so torn down (flushed) after their workers stopped: a flush under a
+    # running worker is a loss of the store's data, which it heals.
+    client = request.getfixturevalue("redis_client") if request.param == "redis" else None
 
     def make(**options) -> Env:
-        if request.param == "stub":
+        if client is None:
             broker, backend = StubBroker(), StubBackend()
         else:
-            client = request.getfixturevalue("redis_client")
             broker, backend = RedisBroker(client=client), RedisBackend(client=client)
         broker.emit_after("process_boot")
         env = Env(request.param, broker, backend, UniqueJobs(backend=backend, **options))

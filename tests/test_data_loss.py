@@ -480,3 +480,17 @@ def test_a_forked_process_heals_nothing_of_its_parent(store):
     child_owner = os.read(read, 64).decode()
     os.waitpid(pid, 0)
     assert healing._owner is not None and child_owner == "None"
+
+
+def test_a_worker_that_stops_while_it_heals_hands_the_healing_over(store):
+    # Issue 20: the last worker of a process stops before it healed the store: another worker that
+    # found the loss takes over at once; without one, the refusal ends within three heartbeat intervals.
+    client = store.client()
+    healer = UniqueJobs(backend=RedisBackend(client=client), heartbeat_interval=1000).healing
+    other = UniqueJobs(backend=RedisBackend(client=client), heartbeat_interval=1000).healing
+    assert healer(True)
+    assert other(True)  # watches
+    healer.hand_over()
+    assert 0 < client.pttl("dramatiq-unique:refusing") <= 3000
+    assert other(False)  # takes over at once
+    assert client.pttl("dramatiq-unique:refusing") > 3000
