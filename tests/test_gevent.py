@@ -19,6 +19,7 @@ import dramatiq_unique
 
 from .support import wait_for
 from .test_concurrency import processes  # noqa: F401 (fixture)
+from .test_outages import RedisProcess
 
 pytest.importorskip("gevent")
 
@@ -36,6 +37,8 @@ BACKENDS = {
         "RedisBackend(client=redis.Redis(connection_pool="
         "redis.ConnectionPool.from_url(URL, connection_class=AppConnection)))"
     ),
+    # A lock store of its own, apart from the broker's Redis: a test empties it alone.
+    "store": 'RedisBackend(url=os.environ["UNIQUE_TEST_STORE_URL"])',
 }
 
 WORKER_SCRIPT = """
@@ -86,8 +89,9 @@ def crunch(key, n, seconds, gil=False):
 """
 
 
-def start_gevent_workers(processes, tmp_path, redis_url, client, *, count, backend="native"):  # noqa: F811
-    """Start `dramatiq-gevent crunching:broker` with ``count`` worker processes of one greenlet each."""
+def start_gevent_workers(processes, tmp_path, redis_url, client, *, count, backend="native", **env):  # noqa: F811
+    """Start `dramatiq-gevent crunching:broker` with ``count`` worker processes of one greenlet each,
+    with ``env`` added to their environment."""
     script = WORKER_SCRIPT.replace("BACKEND", BACKENDS[backend])
     script = script.replace("LEASE", str(LEASE)).replace("HEARTBEAT", str(HEARTBEAT))
     (tmp_path / "crunching.py").write_text(script)
@@ -97,6 +101,7 @@ def start_gevent_workers(processes, tmp_path, redis_url, client, *, count, backe
         [command, "crunching:broker", "--processes", str(count), "--threads", "1"],
         UNIQUE_TEST_REDIS_URL=redis_url,
         PYTHONPATH=path,
+        **env,
     )
 
     def ready() -> bool:
@@ -210,3 +215,42 @@ def test_a_gevent_job_that_holds_the_gil_loses_its_lease_with_an_error_and_an_ev
     errors = [line for line in log.splitlines() if "[ERROR]" in line]
     assert len(errors) == 1 and "renewed no lease for" in errors[0] and "holds the GIL" in errors[0], log
     assert client.llen("test:lease_lost") == 1
+
+
+@pytest.mark.slow
+def test_a_gevent_worker_heals_a_lock_store_that_lost_its_data(
+    redis_url,
+    redis_client,
+    processes,  # noqa: F811
+    tmp_path,
+):
+    # Issue 20 under dramatiq-gevent: the periodic thread (a native thread) finds the loss, and the
+    # healing, which reads the broker through the hub's sockets, runs in the hub: new locks are
+    # refused meanwhile, then taken again, and a job sent after that runs.
+    (tmp_path / "store").mkdir()
+    store = RedisProcess(tmp_path / "store")
+    store.start()
+    try:
+        cli = start_gevent_workers(
+            processes,
+            tmp_path,
+            redis_url,
+            redis_client,
+            count=1,
+            backend="store",
+            UNIQUE_TEST_STORE_URL=f"redis://127.0.0.1:{store.port}/0",
+        )
+        wait_for(lambda: store.client().exists("dramatiq-unique:epoch"), timeout=10)
+        store.client().flushall()
+
+        def log() -> str:
+            cli.log.seek(0)
+            return cli.log.read().decode()
+
+        wait_for(lambda: "The lock store takes new locks again" in log(), timeout=15)
+        assert log().count("The lock store lost its data:") == 1, log()
+        assert "Healing the lock store after it lost its data failed" not in log(), log()
+        send(redis_client, 1, 0)
+        wait_for(lambda: redis_client.llen("test:finished") == 1, timeout=10)
+    finally:
+        store.kill()
