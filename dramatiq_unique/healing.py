@@ -42,8 +42,6 @@ from .reaper import QueueCounter, needs_messages_in_hand
 HEALING_LOCK_INTERVALS = 3
 #: How long a healed loss is remembered (ms): a worker that finds it late does not heal it again.
 HEALED_TTL = 3_600_000
-#: The rebuild keeps the refusal and the healing lock after this many messages.
-RENEW_EVERY = 500
 
 
 class Healing:
@@ -83,6 +81,7 @@ class Healing:
         #: The broker of this process's Workers, once one booted.
         self.broker: Broker | None = None
         self._forget()
+        self._reset_rounds()
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
 
@@ -98,8 +97,13 @@ class Healing:
         self._rebuilt = False
         #: Whether this worker found a loss that another heals: it takes over if that one stops.
         self._watching = False
-        #: Whether a round runs now.
+
+    def _reset_rounds(self) -> None:
+        #: Whether a round runs now, whether a loss was found meanwhile, and whether the last
+        #: worker of the process stops: the healing is handed over as that round ends.
         self._busy = False
+        self._lost_meanwhile = False
+        self._stopping = False
 
     def add_prefix(self, prefix: str) -> None:
         """Refuse new places under ``prefix`` too while the store heals: the lock prefix of an actor."""
@@ -111,16 +115,29 @@ class Healing:
         (``data_lost``), or heals it, or watches another heal it. Returns whether it is to be
         called again next round."""
         if self._busy:
-            # Under gevent each round runs in a greenlet of the hub: one round at a time heals.
-            self._watching = self._watching or data_lost
+            # Under gevent each round runs in a greenlet of the hub: one round at a time heals,
+            # and a loss found meanwhile is the next round's.
+            self._lost_meanwhile = self._lost_meanwhile or data_lost
             return True
         self._busy = True
+        try:
+            again = self._round(data_lost or self._take_lost_meanwhile())
+        finally:
+            self._busy = False
+            if self._stopping:
+                self._hand_over_now()
+        return again or self._lost_meanwhile
+
+    def _take_lost_meanwhile(self) -> bool:
+        lost, self._lost_meanwhile = self._lost_meanwhile, False
+        return lost
+
+    def _round(self, data_lost: bool) -> bool:
         try:
             if data_lost:
                 self._watching = True
                 if self._owner is not None:
-                    self._begin()  # a new loss while it heals: it begins again
-                    return True
+                    return self._begin_again()
             if self._owner is not None:
                 return self._go_on()
             if self._watching:
@@ -132,13 +149,19 @@ class Healing:
         except Exception:
             self.logger.exception("Healing the lock store after it lost its data failed; this worker tries again.")
             return True
-        finally:
-            self._busy = False
 
     def hand_over(self) -> None:
         """The last worker of this process stops: a healing it began is left to the other workers
-        that found the loss (they take over at once), or else ends within a few heartbeat intervals."""
+        that found the loss (they take over at once), or else ends within a few heartbeat intervals.
+        A round that runs now (in the gevent hub) hands it over as it ends."""
+        self._stopping = True
+        if not self._busy:
+            self._hand_over_now()
+
+    def _hand_over_now(self) -> None:
+        self._stopping = False
         if self._owner is None:
+            self._forget()
             return
         ttl = HEALING_LOCK_INTERVALS * self.heartbeat_interval
         try:
@@ -147,6 +170,7 @@ class Healing:
             self._release(watch=False)
         except LockBackendError as e:
             self.logger.warning("This worker could not hand over the healing of the lock store: %s", e)
+            self._forget()
             return
         self.logger.warning(
             "This worker stops before it has healed the lock store: another worker that found the loss takes "
@@ -159,23 +183,41 @@ class Healing:
         owner = uuid.uuid4().hex
         if not self._hold(owner):
             return True
-        self._owner = owner
-        marks = json.dumps(self.backend.epochs(self.prefix), sort_keys=True)
-        if self.backend.get_value(self.healed_key) == marks:
+        try:
+            marks = self._read_marks()
+            healed = self.backend.get_value(self.healed_key) == marks
+        except BaseException:
+            self.backend.release(self.key, owner)
+            raise
+        if healed:
             # Healed already, by another worker; this one took its running messages' run locks again.
-            self._release(watch=False)
+            self.backend.release(self.key, owner)
+            self._watching = False
             return False
-        self._marks = marks
+        self._owner, self._marks = owner, marks
         self._begin()
         return True
 
+    def _begin_again(self) -> bool:
+        """A new loss while this worker heals: the healing lock went with the data too."""
+        assert self._owner is not None
+        if not self._hold(self._owner):
+            self._release(watch=True)  # another worker took it first, and heals
+            return True
+        self._marks = self._read_marks()
+        self._begin()
+        return True
+
+    def _read_marks(self) -> str:
+        return json.dumps(self.backend.epochs(self.prefix), sort_keys=True)
+
     def _begin(self) -> None:
-        self._refuse()
         began = time.monotonic()
         self._began = self._began or began
         # Every live worker finds the loss at a heartbeat within one interval of it, which came before this one.
         self._resumes_at = began + 2 * self.heartbeat_interval / 1000
         self._rebuilt = False
+        self._refuse()
         self._rebuild_once()
 
     def _go_on(self) -> bool:
@@ -261,11 +303,13 @@ class Healing:
 
     def _rebuild(self, broker: Any) -> tuple[int, int, int]:
         taken = duplicates = in_hand = 0
-        for seen, (message, waiting) in enumerate(_kept_messages(broker), start=1):
-            if seen % RENEW_EVERY == 0 and self._owner is not None:
-                # A long rebuild keeps what a round keeps.
+        renew_at = time.monotonic() + self.heartbeat_interval / 1000
+        for message, waiting in _kept_messages(broker):
+            if time.monotonic() >= renew_at and self._owner is not None:
+                # A long rebuild keeps, once a heartbeat interval, what a round keeps.
                 self._hold(self._owner)
                 self._refuse()
+                renew_at = time.monotonic() + self.heartbeat_interval / 1000
             try:
                 config = self.configs.for_message(message)
             except InvalidLockOptions:
@@ -310,3 +354,4 @@ def _forget_in_child(ref: weakref.ref[Healing]) -> None:
     healing = ref()
     if healing is not None:
         healing._forget()
+        healing._reset_rounds()

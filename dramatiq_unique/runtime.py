@@ -42,6 +42,7 @@ from functools import partial
 
 from .activity import ActivityCounter
 from .backends import LockBackend
+from .errors import LockBackendError
 from .events import Events
 from .in_hand import InHand
 from .liveness import Liveness
@@ -88,7 +89,7 @@ class Runtime:
       healing(collections.abc.Callable): Called by the round that found that the lock store
         lost its data, after the run locks of the running messages were taken again, with
         ``True``; and with ``False`` by each round after, for as long as it answers ``True``: it heals still.
-      hand_over_healing(collections.abc.Callable): Called when the last Worker stops while it heals.
+      hand_over_healing(collections.abc.Callable): Called when the last Worker stops.
     """
 
     def __init__(
@@ -208,6 +209,12 @@ class Runtime:
                     self._hub = current_hub()
                     self.liveness.tell = partial(start_in_hub, self._hub)
                 self.liveness.register()
+                if self._backend is not self.liveness.backend:
+                    # The sending threads' backend reads the marks too: a stop made it forget them (_leave).
+                    try:
+                        self._backend.epochs(self.liveness.prefix)
+                    except LockBackendError:
+                        pass  # the heartbeats tell of the outage
             with self._mutex:
                 self._start_periodic()
                 if self.releases is not None and self._release_thread is None:
@@ -410,7 +417,8 @@ class Runtime:
         """The worker's last work: flush the activity counts, try the failed releases once
         more and leave the registry."""
         self._flush()
-        if self._healing and self._hand_over_healing is not None:
+        if self._hand_over_healing is not None:
+            # (Under gevent a round may heal in the hub right now: it hands over as it ends.)
             self._healing = False
             self._hand_over_healing()
         self.liveness.leave()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, NoReturn
 
 from dramatiq import Broker, Message
@@ -35,6 +36,10 @@ class _Thread(threading.local):
     processing: MessageLock | None = None
 
 
+#: How often, at most, a message that waits for the healing of the store says so at WARNING (s).
+HEALING_WARNING_EVERY = 60.0
+
+
 class WorkerSide:
     """``before_process_message`` and the end of a message in the worker.
 
@@ -51,6 +56,8 @@ class WorkerSide:
         self.outage = outage
         self.logger = logger
         self._thread = _Thread()
+        #: When a message last waited for the healing of the store with a WARNING (monotonic, s).
+        self._warned_of_healing = -HEALING_WARNING_EVERY
 
     def processed(self) -> tuple[MessageProxy | None, MessageLock | None]:
         """The message this thread processes, if it is a worker thread, and
@@ -162,8 +169,17 @@ class WorkerSide:
     def _wait_for_healing(self, broker: Broker, lock: MessageLock, error: LockStoreHealing) -> NoReturn:
         """The store heals after a loss of its data, for a few heartbeat intervals: the message is
         enqueued again after ``reschedule_delay``, its retries and reschedules untouched."""
-        message, delay = lock.message, lock.config.reschedule_delay
-        self.logger.warning(
+        message = lock.message
+        # Never sooner than a heartbeat: the healing ends at one, after two heartbeat intervals.
+        liveness = lock.liveness
+        delay = max(lock.config.reschedule_delay, liveness.heartbeat_interval if liveness is not None else 0)
+        # One WARNING per healing (it lasts a few heartbeat intervals), then INFO for each message.
+        now = time.monotonic()
+        level = logging.WARNING if now - self._warned_of_healing > HEALING_WARNING_EVERY else logging.INFO
+        if level == logging.WARNING:
+            self._warned_of_healing = now
+        self.logger.log(
+            level,
             "Message %r of actor %r is enqueued again to start in %d ms: %s",
             message.message_id,
             message.actor_name,
