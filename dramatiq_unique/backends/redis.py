@@ -179,13 +179,14 @@ class RedisBackend(LockBackend):
         #: Set after a cluster node failed to answer: the slot map is read again before the next change.
         self._stale_slots = False
         #: The lock prefixes whose mark of the store's data this process saw written, and when it
-        #: last looked for the others' (monotonic, s): only a mark seen can be found gone.
+        #: last looked for the others' (monotonic, s): only a mark seen can be found gone. Forgotten
+        #: when the last worker of the process stops, until a worker reads the marks again.
         self._marks_seen: set[str] = set()
+        self._marks_looked_for: dict[str, float] = {}
+        self._marks_forgotten = False
         #: The hash slots of a cluster found moving between masters, and until when (monotonic, s)
         #: their refusal key is looked at apart from the scripts.
         self._moving_slots: dict[int, float] = {}
-        self._marks_looked_for: dict[str, float] = {}
-        self._marks_forgotten = False
 
         def script(name: str) -> Any:
             return self.client.register_script(_script_source(name, fence_retention=fence_retention))
