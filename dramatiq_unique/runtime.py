@@ -174,7 +174,8 @@ class Runtime:
         #: The stop event of the periodic thread that, stopped by the last Worker, does the
         #: worker's last work on its way out: a thread can be waited for with a bound, a round trip cannot.
         self._leaving: StopEvent | None = None
-        #: Whether the worker of this process heals the lock store, after a loss of its data.
+        #: Whether the healing is called again next round: this process's worker heals the lock
+        #: store after a loss of its data, or watches another worker heal it.
         self._healing = False
 
     @property

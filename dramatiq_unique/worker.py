@@ -173,7 +173,7 @@ class WorkerSide:
         # Never sooner than a heartbeat: the healing ends at one, after two heartbeat intervals.
         liveness = lock.liveness
         delay = max(lock.config.reschedule_delay, liveness.heartbeat_interval if liveness is not None else 0)
-        # One WARNING per healing (it lasts a few heartbeat intervals), then INFO for each message.
+        # One WARNING a minute at most (a healing lasts a few heartbeat intervals), INFO for the others.
         now = time.monotonic()
         level = logging.WARNING if now - self._warned_of_healing > HEALING_WARNING_EVERY else logging.INFO
         if level == logging.WARNING:
