@@ -165,8 +165,7 @@ class Healing:
             return
         ttl = HEALING_LOCK_INTERVALS * self.heartbeat_interval
         try:
-            for prefix in self.prefixes:
-                self.backend.refuse_new_places(prefix, ttl=ttl)
+            self._refuse(ttl=ttl)
             self._release(watch=False)
         except LockBackendError as e:
             self.logger.warning("This worker could not hand over the healing of the lock store: %s", e)
@@ -241,9 +240,9 @@ class Healing:
         self._release(watch=False)
         return False
 
-    def _refuse(self) -> None:
+    def _refuse(self, *, ttl: int = UNHEALED_REFUSAL) -> None:
         for prefix in self.prefixes:
-            self.backend.refuse_new_places(prefix, ttl=UNHEALED_REFUSAL)
+            self.backend.refuse_new_places(prefix, ttl=ttl)
 
     def _hold(self, owner: str) -> bool:
         """Take, or keep, the healing lock."""

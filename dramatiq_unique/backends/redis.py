@@ -501,6 +501,11 @@ class RedisBackend(LockBackend):
             return [refusal_key(prefix, _slot_tags()[key_slot(key.encode())])]
         return [refusal_key(prefix), epoch_key(prefix)] if self._saw_mark(prefix) else [refusal_key(prefix)]
 
+    def _moving(self, key: str) -> bool:
+        """Whether the hash slot of ``key`` was found moving between masters a moment ago."""
+        until = self._moving_slots.get(key_slot(key.encode())) if self._moving_slots else None
+        return until is not None and time.monotonic() < until
+
     def _exists(self, key: str) -> bool:
         try:
             return bool(self.client.exists(key))
@@ -606,28 +611,21 @@ class RedisBackend(LockBackend):
         ``min_replicas`` replicas in that round trip. ``refusal``: the keys a script that takes
         a place checks last (see _refusal_keys)."""
         deadline = None
-        if refusal and self._moving_slots:
-            moving_until = self._moving_slots.get(key_slot(keys[0].encode()))
-            if moving_until is not None and time.monotonic() < moving_until:
+        while True:
+            if refusal and self._moving(keys[0]):
+                # A slot moving between masters answers TRYAGAIN to a script whose keys are not all
+                # on one side, and the refusal key seldom exists: it is looked at alone (a redirect
+                # is followed for one key), and the script runs without it.
                 if self._exists(refusal[0]):
                     raise LockStoreHealing()
                 refusal = ()
-        keys = [*keys, *refusal]
-        while True:
             try:
                 if writes and self.min_replicas:
-                    return self._call_replicated(script, keys, args)
-                return script(keys=keys, args=args)
+                    return self._call_replicated(script, [*keys, *refusal], args)
+                return script(keys=[*keys, *refusal], args=args)
             except (redis.exceptions.ClusterError, redis.exceptions.TryAgainError) as e:
-                if refusal:
-                    # A slot moving between masters answers TRYAGAIN to a script whose keys are not
-                    # all on one side (redis-py's retries end in either error), and the refusal key
-                    # seldom exists: it is looked at alone for a while (a redirect is followed for
-                    # one key), and the script runs without it.
+                if refusal:  # (redis-py's retries of TRYAGAIN end in either error)
                     self._moving_slots[key_slot(keys[0].encode())] = time.monotonic() + _MOVING_SLOT_SECONDS
-                    if self._exists(refusal[0]):
-                        raise LockStoreHealing() from e
-                    keys, refusal = keys[: -len(refusal)], ()
                     continue
                 # redis-py gave up on redirects and TRYAGAIN answers, or the cluster is down.
                 deadline = deadline or time.monotonic() + self.cluster_retry_seconds

@@ -85,9 +85,8 @@ class StubBackend(LockBackend):
         healing: bool = False,
     ) -> Acquisition:
         with self._mutex:
-            if not healing:
-                self._refuse_if_healing(key, owner, limit=limit, message_id=holder.message_id)
-            return self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend)
+            refused = not healing and self._refusing(key)
+            return self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused)
 
     def release(self, key: str, owner: str) -> bool:
         with self._mutex:
@@ -97,11 +96,11 @@ class StubBackend(LockBackend):
         self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0
     ) -> Acquisition:
         with self._mutex:
-            self._refuse_if_healing(key, owner, limit=limit, message_id=holder.message_id)
+            refused = self._refusing(key)
             lock = self._live(key, time.time_ns() // 1_000_000)
             victim = None
             # While the store heals, no holder loses its place: a newer message is a conflict.
-            if len(lock.places) >= limit and owner not in lock.places and not self._refusing(key):
+            if len(lock.places) >= limit and owner not in lock.places and not refused:
                 queued = [
                     (p.token, o) for o, p in lock.places.items() if p.holder.state == "queued" and p.holder.replaceable
                 ]
@@ -109,7 +108,7 @@ class StubBackend(LockBackend):
                     victim = min(queued)[1]
                     del lock.places[victim]
                     self._replaced.setdefault(replaced_key, set()).add(victim)
-            acquisition = self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend)
+            acquisition = self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused)
             if victim and acquisition.acquired:
                 return Acquisition(
                     acquired=True, token=acquisition.token, expires_at=acquisition.expires_at, replaced=victim
@@ -147,8 +146,10 @@ class StubBackend(LockBackend):
             if self._forget_replaced(replaced_key, release_owner):
                 self._release(release_key, release_owner)
                 return Acquisition(acquired=False, superseded=True)
-            self._refuse_if_healing(acquire_key, owner, limit=limit, message_id=holder.message_id)
-            acquisition = self._acquire(acquire_key, owner, limit=limit, ttl=ttl, holder=holder, extend=0)
+            refused = self._refusing(acquire_key)
+            acquisition = self._acquire(
+                acquire_key, owner, limit=limit, ttl=ttl, holder=holder, extend=0, refused=refused
+            )
             if acquisition.acquired:
                 self._release(release_key, release_owner)
             return acquisition
@@ -303,16 +304,6 @@ class StubBackend(LockBackend):
         prefix = prefix_of(key)
         return prefix is not None and self._refusals.get(prefix, 0) > _now()
 
-    def _refuse_if_healing(self, key: str, owner: str, *, limit: int, message_id: str) -> None:
-        """Refuse a place that would be new, as on Redis: a place kept, or a conflict, is answered."""
-        if not self._refusing(key):
-            return
-        places = self._live(key, _now()).places
-        if owner in places or len(places) >= limit:
-            return
-        if not any(p.holder.message_id == message_id for p in places.values()):
-            raise LockStoreHealing()
-
     def _forget_replaced(self, replaced_key: str, owner: str) -> bool:
         replaced = self._replaced.get(replaced_key, set())
         if owner not in replaced:
@@ -321,8 +312,10 @@ class StubBackend(LockBackend):
         return True
 
     def _acquire(
-        self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int
+        self, key: str, owner: str, *, limit: int, ttl: int | None, holder: Holder, extend: int, refused: bool = False
     ) -> Acquisition:
+        """As on Redis; ``refused``: new places are refused while the store heals (a place kept,
+        or a conflict, is answered)."""
         now_us = time.time_ns() // 1000
         now = now_us // 1000
         lock = self._live(key, now)
@@ -338,6 +331,8 @@ class StubBackend(LockBackend):
             return Acquisition(acquired=False, holders=tuple(p.holder.message_id for p in lock.places.values()))
         elif any(p.holder.message_id == holder.message_id for p in lock.places.values()):
             return Acquisition(acquired=False, holders=(holder.message_id,))
+        elif refused:
+            raise LockStoreHealing()
         else:
             # As on Redis: tokens follow the clock in microseconds, and the last one.
             token = self._fences[key] = max(self._fences.get(key, 0) + 1, now_us)
