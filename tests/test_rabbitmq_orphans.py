@@ -61,6 +61,14 @@ def purge(env: Env, actor) -> None:
     env.broker.channel.queue_purge(actor.queue_name)
 
 
+def send_lost(env: Env, actor, *args):
+    """Send a message of ``actor`` and purge it from RabbitMQ once it waits there: a lost message, its lock held."""
+    message = actor.send(*args)
+    wait_for(lambda: env.waiting(actor) == 1)
+    purge(env, actor)
+    return message
+
+
 def test_only_the_lost_message_loses_its_lock_not_those_queued_delayed_waiting_or_running(env, caplog):
     # The message lost to a purge is freed; one waiting in the queue, one delayed in a worker's
     # memory, one prefetched into a worker's work queue and one running keep their locks.
@@ -71,9 +79,7 @@ def test_only_the_lost_message_loses_its_lock_not_those_queued_delayed_waiting_o
         runs.append(day)
         gate.enter(day)
 
-    lost = report.send("lost")
-    wait_for(lambda: env.waiting(report) == 1)
-    purge(env, report)
+    lost = send_lost(env, report, "lost")
     queued = report.send("queued")
     wait_for(lambda: env.waiting(report) == 1)
     assert reap(env).released == 0  # a message waits in the queue: nothing can be told yet
@@ -107,9 +113,7 @@ def test_a_worker_that_publishes_nothing_keeps_every_lock(env, caplog):
     def report(day):
         pass
 
-    lost = report.send("lost")
-    wait_for(lambda: env.waiting(report) == 1)
-    purge(env, report)
+    lost = send_lost(env, report, "lost")
     env.backend.heartbeat(registry_key("dramatiq-unique"), "older-release", ttl=60_000)
     with caplog.at_level(logging.INFO, logger="dramatiq_unique"):
         assert reap(env).released == 0
@@ -287,9 +291,7 @@ def test_the_operations_api_tells_a_lost_message_on_rabbitmq(env):
     def report(day):
         pass
 
-    lost = report.send("lost")
-    wait_for(lambda: env.waiting(report) == 1)
-    purge(env, report)
+    lost = send_lost(env, report, "lost")
     locks = Locks.from_middleware(env.middleware)
     assert {message_id: there for (_, message_id), there in locks.in_broker(locks.list(), env.broker).items()} == {
         lost.message_id: False
