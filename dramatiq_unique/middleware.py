@@ -20,6 +20,7 @@ from .default_backend import default_backend
 from .errors import InvalidLockOptions, UniqueError
 from .events import Events, Subscriber
 from .eviction import EvictionCheck
+from .handoffs import Handoffs
 from .healing import Healing
 from .keys import reaper_schedule_key
 from .lock import LockFactory
@@ -29,6 +30,7 @@ from .options import (
     DEFAULT_BACKGROUND_RELEASES,
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_LEASE_PERIOD,
+    DEFAULT_LINE_LIMIT,
     DEFAULT_LOCK,
     DEFAULT_LOCK_ARGS_METHOD,
     DEFAULT_LOCK_LIMIT,
@@ -67,7 +69,7 @@ class UniqueJobs(Middleware):
 
         broker.add_middleware(UniqueJobs(backend=RedisBackend(url=...)), before=TimeLimit)
 
-    The keyword arguments from ``lock`` to ``max_reschedules`` are also actor
+    The keyword arguments from ``lock`` to ``line_limit`` are also actor
     options (``@dramatiq.actor(lock=...)``) and, except ``lock_args_method``,
     message options (``send_with_options``); the message's value wins over the
     actor's, which wins over the one given here. Those from ``lease_period`` on
@@ -91,6 +93,7 @@ class UniqueJobs(Middleware):
       unique_across_actors(bool): Leave the actor out of the digest.
       reschedule_delay(int): Milliseconds before a rescheduled duplicate tries again.
       max_reschedules(int): How often a duplicate may be rescheduled; ``None`` for no limit.
+      line_limit(int): How many duplicates may wait in a lock's line (``on_conflict="wait"``).
       lease_period(int): Milliseconds a run lock is held without a renewal: a
         worker renews the run locks of the messages it runs, and a dead
         worker's run locks are free again within this time.
@@ -131,6 +134,7 @@ class UniqueJobs(Middleware):
         unique_across_actors: bool = DEFAULT_UNIQUE_ACROSS_ACTORS,
         reschedule_delay: int = DEFAULT_RESCHEDULE_DELAY,
         max_reschedules: int | None = DEFAULT_MAX_RESCHEDULES,
+        line_limit: int = DEFAULT_LINE_LIMIT,
         lease_period: int = DEFAULT_LEASE_PERIOD,
         heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
         on_backend_error: str = DEFAULT_ON_BACKEND_ERROR,
@@ -165,6 +169,7 @@ class UniqueJobs(Middleware):
             unique_across_actors=unique_across_actors,
             reschedule_delay=reschedule_delay,
             max_reschedules=max_reschedules,
+            line_limit=line_limit,
         )
         self.configs = ActorConfigs(self.defaults, logger=self.logger)
         #: The lock events of this middleware's messages, its heartbeat thread and its reaper.
@@ -352,6 +357,8 @@ class UniqueJobs(Middleware):
         self.healing.add_prefix(options["lock_prefix"])
         if self.client_side.guard(broker):
             self._warn_if_after_retries(broker)
+            # The messages their line hands a place go through this broker.
+            self.backend.handoffs = Handoffs(broker, logger=self.logger, events=self.events)
 
     def _warn_if_after_retries(self, broker: Broker) -> None:
         retries = [i for i, m in enumerate(broker.middleware) if isinstance(m, Retries)]

@@ -39,6 +39,8 @@ DEFAULT_UNIQUE_ACROSS_ACTORS = False
 #: The default delay before a rescheduled duplicate tries again, in milliseconds.
 DEFAULT_RESCHEDULE_DELAY = 5000
 DEFAULT_MAX_RESCHEDULES: int | None = None
+#: The default number of messages that may wait in a lock's line (``wait``).
+DEFAULT_LINE_LIMIT = 1000
 
 # The defaults of the middleware's own options.
 #: The default lease of a run lock, in milliseconds: a dead worker's run locks are free again within it.
@@ -66,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "unique_across_actors": DEFAULT_UNIQUE_ACROSS_ACTORS,
     "reschedule_delay": DEFAULT_RESCHEDULE_DELAY,
     "max_reschedules": DEFAULT_MAX_RESCHEDULES,
+    "line_limit": DEFAULT_LINE_LIMIT,
 }
 
 #: A lock_ttl below this many milliseconds is most likely seconds written where milliseconds
@@ -97,6 +100,7 @@ class LockConfig:
     unique_across_actors: bool
     reschedule_delay: int
     max_reschedules: int | None
+    line_limit: int
 
 
 def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
@@ -118,6 +122,7 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
     check.integer("lock_ttl", minimum=1, optional=True)
     check.integer("reschedule_delay", minimum=0)
     check.integer("max_reschedules", minimum=0, optional=True)
+    check.integer("line_limit", minimum=1)
     check.boolean("unique_across_queues")
     check.boolean("unique_across_actors")
     check.prefix("lock_prefix")
@@ -139,6 +144,15 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
             + _choices(name for name, s in STRATEGIES.items() if CLIENT in s.sides and not s.replaces_queued_holders)
             + "."
         )
+    if lock.requires_ttl and (client_strategy.waits_in_line or server_strategy.waits_in_line):
+        waiting = client_strategy if client_strategy.waits_in_line else server_strategy
+        raise InvalidLockOptions(
+            f"{subject} uses on_conflict={options['on_conflict']!r} with lock={lock.name!r}: a lock that is only "
+            f"released by its TTL never hands its place to a message waiting in line ({waiting.name!r}). "
+            "Valid choices there are: "
+            + _choices(name for name, s in STRATEGIES.items() if CLIENT in s.sides and not s.waits_in_line)
+            + "."
+        )
     if lock.requires_ttl and options["lock_ttl"] is None:
         raise InvalidLockOptions(
             f"{subject} uses lock={lock.name!r}, which is only released when its TTL runs out, but has no lock_ttl. "
@@ -157,6 +171,7 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
         unique_across_actors=options["unique_across_actors"],
         reschedule_delay=options["reschedule_delay"],
         max_reschedules=options["max_reschedules"],
+        line_limit=options["line_limit"],
     )
 
 
