@@ -203,13 +203,14 @@ class Reaper:
         report.seconds = time.monotonic() - started
         self.logger.info(
             "The orphan reaper inspected %d lock places in %d passes and released %d: %d of dead workers, "
-            "%d of messages that no longer exist; it enqueued again %d messages handed a place by a line.",
+            "%d of messages that no longer exist.%s",
             report.inspected,
             report.passes,
             report.released,
             report.released_dead_workers,
             report.released_missing_messages,
-            report.enqueued_again,
+            f" It enqueued again {report.enqueued_again} messages handed a place by a line."
+            * bool(report.enqueued_again),
         )
         return report
 

@@ -59,6 +59,10 @@ def test_subscribers_receive_every_kind_of_lock_event(make_env):
     def sync(key):
         gate.enter(key)
 
+    @env.actor(lock="until_executed", on_conflict="wait")
+    def post(key):
+        pass
+
     first = settle.send("e1")
     duplicate = settle.send("e1")
     refund.send("r1")
@@ -66,6 +70,8 @@ def test_subscribers_receive_every_kind_of_lock_event(make_env):
     old = publish.send("d", "old")
     publish.send("d", "new")
     expiring.send("x")
+    post.send("a")
+    waiting = post.send("a")
     time.sleep(0.1)  # its lock_ttl runs out before a worker starts it
     env.worker()
     running = sync.send("k")
@@ -73,7 +79,7 @@ def test_subscribers_receive_every_kind_of_lock_event(make_env):
     sync.send("k")
     wait_for(lambda: any(e.kind == "rescheduled" for e in events))
     gate.open()
-    env.join(settle, refund, publish, expiring, sync)
+    env.join(settle, refund, publish, expiring, sync, post)
 
     def seen(kind, actor, **fields) -> list[LockEvent]:
         return [
@@ -106,6 +112,8 @@ def test_subscribers_receive_every_kind_of_lock_event(make_env):
     assert seen("conflict", "sync", side="server", strategy="reschedule")
     assert seen("rescheduled", "sync", delay=10)
     assert seen("released", "sync", lock_kind="run")
+    assert seen("waiting", "post", message_id=waiting.message_id, side="client", lock_kind="enqueue")
+    assert seen("handed_over", "post", message_id=waiting.message_id, lock_kind="enqueue")
     assert conflicts == [e for e in events if e.kind == "conflict"]
     # The other kinds are told by the heartbeat thread and the reaper: tested in test_data_loss.py and below.
     assert {e.kind for e in events} == EVENT_KINDS - {"lease_lost", "reaped", "backend_error", "data_lost"}

@@ -37,6 +37,8 @@ COUNTERS = (
     "dramatiq_unique_backend_errors_total",
     "dramatiq_unique_leases_lost_total",
     "dramatiq_unique_data_losses_total",
+    "dramatiq_unique_waits_total",
+    "dramatiq_unique_handoffs_total",
 )
 
 
@@ -53,15 +55,21 @@ def test_counters_after_a_scripted_scenario(make_env):
     def sync(key):
         gate.enter(key)
 
+    @env.actor(lock="until_executed", on_conflict="wait")
+    def post(key):
+        pass
+
     for event_id in ("e1", "e1", "e1", "e2"):
         settle.send(event_id)
+    post.send("a")
+    post.send("a")
     env.worker()
     sync.send("k")
     wait_for(lambda: gate.count("k") == 1)
     sync.send("k")
     env.wait_for_skips(1)
     gate.open()
-    env.join(settle, sync)
+    env.join(settle, sync, post)
     plant_dead_workers_run_lock(env.backend, "orphan")
     env.middleware.reaper.run(broker=env.broker)
 
@@ -76,6 +84,8 @@ def test_counters_after_a_scripted_scenario(make_env):
     assert value("dramatiq_unique_releases_total", "sync") == 1
     assert value("dramatiq_unique_reaped_total", "sync") == 1
     assert value("dramatiq_unique_backend_errors_total", "settle") is None
+    assert value("dramatiq_unique_waits_total", "post", side="client") == 1
+    assert value("dramatiq_unique_handoffs_total", "post") == 1
     # Never a digest: the label sets stay bounded by actors, queues and strategies.
     labels = {
         name
