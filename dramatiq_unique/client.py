@@ -148,7 +148,7 @@ class ClientSide:
         outcome = enqueue_outcome(message)
         if self._passes_unlocked(outcome, delay):
             return
-        if outcome.status == WAITING:
+        if outcome.status == WAITING and outcome.handoff is not None:
             self._hand_over(message, config)
             return
         if self._is_reenqueue(message, outcome):

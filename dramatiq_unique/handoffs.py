@@ -9,6 +9,7 @@ which stays recorded among the waiters: the orphan reaper enqueues it again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -16,9 +17,18 @@ from dramatiq import Broker, Message
 from dramatiq.common import q_name
 
 from .events import HANDED_OVER, Events, LockEvent
-from .outcome import enqueue_outcome
+from .outcome import enqueue_outcome, record_outcome
 
-__all__ = ["Handoffs"]
+__all__ = ["Handoffs", "handed_message"]
+
+
+def handed_message(handed: str) -> Message[Any]:
+    """The message a line handed a place, stamped with the token of that place: only this copy
+    of it may take the place (the backend's ``handoffs`` get ``"<token>\\n<encoded message>"``)."""
+    token, _, encoded = handed.partition("\n")
+    message: Message[Any] = Message.decode(encoded.encode())
+    record_outcome(message, dataclasses.replace(enqueue_outcome(message), handoff=int(token)))
+    return message
 
 
 class Handoffs:
@@ -36,10 +46,11 @@ class Handoffs:
         self.events = events
 
     def __call__(self, messages: list[str]) -> None:
-        """Enqueue ``messages`` (encoded), in order. Never raises: it runs inside the steps that free places."""
-        for encoded in messages:
+        """Enqueue ``messages`` (each ``"<token>\\n<encoded message>"``), in order. Never raises: it
+        runs inside the steps that free places."""
+        for handed in messages:
             try:
-                message: Message[Any] = Message.decode(encoded.encode())
+                message = handed_message(handed)
             except Exception as e:
                 self.logger.error("A message handed a place by a lock's line cannot be decoded, and waits: %s", e)
                 continue

@@ -99,8 +99,10 @@ class MessageLock:
         self.enqueue_expires_at = outcome.expires_at
         #: How often the message was rescheduled so far; the count carries over.
         self.reschedules = outcome.reschedules
-        #: The lock whose line handed the message a place, if one did: a copy of it may have started.
-        self.handed_by = outcome.line if outcome.status == ENQUEUED else None
+        #: The token of the place a line handed the message, if one did (the message's copy), and
+        #: which lock's line it was: only that copy may start, and only once.
+        self.handoff = outcome.handoff
+        self.handed_by = outcome.line if outcome.handoff is not None else None
         #: The owner of this processing attempt's place in the run lock.
         self.run_owner: str | None = None
         self.run_token: int | None = None
@@ -290,14 +292,14 @@ class MessageLock:
             self.emit(REPLACED, lock_kind=ENQUEUE, replaced=acquisition.replaced)
         return acquisition
 
-    def record_enqueued(self, replaced: str | None = None, *, status: str = ENQUEUED, line: str | None = None) -> None:
+    def record_enqueued(self, replaced: str | None = None, *, status: str = ENQUEUED) -> None:
         """Record in the message that it is enqueued, with its digest and its enqueue lock, if any.
 
-        The count of reschedules carries over: ``max_reschedules`` caps them all.
+        The count of reschedules carries over: ``max_reschedules`` caps them all; so does the
+        place a line handed it, which its retries keep.
 
         Parameters:
           status(str): ``"unlocked"`` when it goes out without the lock it should hold.
-          line(str): The lock whose line handed it a place.
         """
         record_outcome(
             self.message,
@@ -309,7 +311,8 @@ class MessageLock:
                 expires_at=self.enqueue_expires_at if self.holds_enqueue else None,
                 replaced=replaced,
                 reschedules=self.reschedules,
-                line=line,
+                line=self.handed_by,
+                handoff=self.handoff,
             ),
         )
 
@@ -406,14 +409,16 @@ class MessageLock:
     def take_handed_place(self) -> None:
         """The message was handed a place by the line it waited in, and is enqueued: its place
         records the message's id in the broker, for the orphan reaper to look for."""
-        line = enqueue_outcome(self.message).line
-        key = self.run_key if line == RUN else self.enqueue_key
-        acquisition = self.backend.record_handoff(key, self.message.message_id, holder=self._holder("queued"))
-        if line == ENQUEUE:
+        if self.handoff is None:
+            return
+        key = self.run_key if self.handed_by == RUN else self.enqueue_key
+        acquisition = self.backend.record_handoff(
+            key, self.message.message_id, holder=self._holder("queued"), handoff=self.handoff
+        )
+        if self.handed_by == ENQUEUE:
             self.holds_enqueue = acquisition.acquired
             self.enqueue_token, self.enqueue_expires_at = acquisition.token, acquisition.expires_at
-        # It keeps saying which line it came from: it checks, when it starts, that no copy of it did.
-        self.record_enqueued(line=line)
+        self.record_enqueued()
 
     def acquire_run(self) -> Acquisition:
         """Take a place in the run lock for this processing attempt, or wait in its line."""
@@ -538,9 +543,9 @@ class MessageLock:
 
     @property
     def copy(self) -> str:
-        """This copy of the message: its id and how often it was retried. A message that waited
-        in line starts once as each copy."""
-        return f"{self.message.message_id}:{self.message.options.get('retries', 0)}"
+        """Which copy of the message this is, for the lock store: the token of the place a line
+        handed it, ``""`` when none did."""
+        return "" if self.handoff is None else str(self.handoff)
 
     def _waiter(self, strategy: ConflictStrategy, line: str) -> Waiter | None:
         """The message as it waits in the line of the lock ``line`` (enqueue or run), when the

@@ -62,6 +62,8 @@ class EnqueueOutcome:
       reason(str): Why a rejected message goes to the dead-letter queue.
       position(int): A waiting message's place in the line when it joined (1 is next).
       line(str): The lock whose line a waiting message is in: ``"enqueue"`` or ``"run"``.
+      handoff(int): The token of the place the line handed the message: only the copy of it
+        enqueued with that token may take that place and start.
     """
 
     status: str
@@ -74,6 +76,7 @@ class EnqueueOutcome:
     reason: str | None = None
     position: int | None = None
     line: str | None = None
+    handoff: int | None = None
 
     @property
     def enqueued(self) -> bool:
@@ -108,6 +111,7 @@ def enqueue_outcome(message: AnyMessage) -> EnqueueOutcome:
         reason=recorded.get("reason"),
         position=recorded.get("position"),
         line=recorded.get("line"),
+        handoff=recorded.get("handoff"),
     )
 
 
@@ -119,7 +123,7 @@ def has_followers(message: AnyMessage) -> bool:
 def record_outcome(message: AnyMessage, outcome: EnqueueOutcome) -> None:
     """Write ``outcome`` into the message's options."""
     recorded: dict[str, Any] = {"status": outcome.status, "digest": outcome.digest, "holder": outcome.holder}
-    for name in ("token", "expires_at", "replaced", "reason", "position", "line"):
+    for name in ("token", "expires_at", "replaced", "reason", "position", "line", "handoff"):
         value = getattr(outcome, name)
         if value is not None:
             recorded[name] = value

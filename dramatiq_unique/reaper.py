@@ -53,6 +53,7 @@ from dramatiq.results import Results
 from .backends import Holder, LockBackend, LockRecord
 from .errors import InvalidLockOptions
 from .events import REAPED, Events, LockEvent
+from .handoffs import handed_message
 from .held import QUEUED
 from .in_hand import held_by_live_workers
 from .keys import RUN, digest_of, reaper_cursor_key, reaper_leader_key, registry_key
@@ -262,12 +263,15 @@ class Reaper:
 
     def _enqueue_again(self, record: LockRecord, report: ReapReport, broker: Broker) -> bool:
         """Enqueue again the message of a place that its line handed it, if the lock store still
-        keeps it (it has not started); returns whether it did."""
+        keeps it (it has not started), under a new token of that place; returns whether the
+        place is its message's (then it is not released)."""
         message_id = str(record.holder.get("message_id"))
-        encoded = self.backend.waiting_message(record.key, message_id)
-        if encoded is None:
+        if self.backend.waiting_message(record.key, message_id) is None:
             return False
-        broker.enqueue(Message.decode(encoded.encode()))
+        handed = self.backend.hand_again(record.key, record.owner, record.record)
+        if handed is None:
+            return True  # it changed since it was read: the message is on its way
+        broker.enqueue(handed_message(handed))
         report.enqueued_again += 1
         self.logger.warning(
             "The orphan reaper enqueued message %r of actor %r again: the line of lock %r handed it a place, "

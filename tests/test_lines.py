@@ -286,7 +286,7 @@ def test_explain_list_and_the_lock_events_show_the_line(env):
     assert lock.waiting == tuple(message.message_id for message in sent[1:])
     table = "\n".join(lock_table([lock]))
     assert f"{sent[1].message_id}  waiting 1" in table and f"{sent[3].message_id}  waiting 3" in table
-    assert "3 messages waiting in its line, the next first:" in describe_lock(lock)
+    assert "  3 messages waiting in its line, the next first:" in describe_lock(lock)
     assert [(e.kind, e.side, e.message_id) for e in events] == [("waiting", "client", m.message_id) for m in sent[1:]]
 
     env.worker(threads=2)

@@ -379,8 +379,9 @@ class LockBackend(abc.ABC):
     :attr:`handoffs` to be enqueued.
     """
 
-    #: Called with the messages (encoded) that were handed a place, to enqueue them; set by the
-    #: middleware. Without it, they keep their places and the orphan reaper enqueues them.
+    #: Called with the messages that were handed a place, each ``"<token>\\n<encoded message>"``
+    #: (the token of its place), to enqueue them; set by the middleware. Without it, they keep
+    #: their places and the orphan reaper enqueues them.
     handoffs: Callable[[list[str]], None] | None = None
 
     def hand_over(self, messages: Sequence[Any]) -> None:
@@ -389,15 +390,29 @@ class LockBackend(abc.ABC):
         if messages and handoffs is not None:
             handoffs([m.decode() if isinstance(m, bytes) else str(m) for m in messages])
 
-    def record_handoff(self, key: str, owner: str, *, holder: Holder) -> Acquisition:
+    def record_handoff(self, key: str, owner: str, *, holder: Holder, handoff: int) -> Acquisition:
         """A message that the line of the lock at ``key`` handed ``owner``'s place reaches the
-        broker: record ``holder`` (with its broker id) in that place, while it is still queued.
+        broker: record ``holder`` (with its broker id) in that place, while it is still queued
+        and still the place of token ``handoff``.
 
         Returns:
-          Acquisition: Not acquired when ``owner`` holds no queued place (a copy of the message
-          started already, or the place was freed). This implementation has no lines.
+          Acquisition: Not acquired when ``owner`` holds no such place (a copy of the message
+          started already, the place was handed again, or it was freed). This implementation
+          has no lines.
         """
         return Acquisition(acquired=False)
+
+    def hand_again(self, key: str, owner: str, record: str) -> str | None:
+        """Renew the token of the place a line handed ``owner``, while it is still exactly
+        ``record`` and its message has not started: the orphan reaper enqueues that message
+        again, and the copy first handed the place may not take it any more.
+
+        Returns:
+          str: The message to enqueue, as :attr:`handoffs` gets it (``"<token>\\n<message>"``);
+          ``None`` when the place changed or went, or its message started. This
+          implementation has no lines.
+        """
+        return None
 
     def lines(self, keys: Sequence[str]) -> dict[str, tuple[str, ...]]:
         """The message_ids that wait in the line of each lock at ``keys``, in order, in one round
@@ -462,9 +477,10 @@ class LockBackend(abc.ABC):
             that held them before the loss.
           waiter(Waiter): Wait in the lock's line when every place is taken, or when others
             wait already: the answer's ``waiting`` says where (or ``line_full``).
-          starting(str): The message starts, as this copy of it (``"<message_id>:<retries>"``),
-            and waits in line with ``waiter``: it takes the place its line handed it, if any;
-            a copy that started before is answered ``started_before``.
+          starting(str): The message starts, as the copy that a line handed the place of this
+            token (``""`` for a message no line handed a place), and waits in line with
+            ``waiter``: it takes the place its line handed it, if any; another copy of a message
+            that started after it waited in line is answered ``started_before``.
 
         Raises:
           LockStoreHealing: If the store refuses new places; a place kept is never refused.
@@ -510,7 +526,7 @@ class LockBackend(abc.ABC):
         give the place up (``release``) or record it as running (``holder``).
 
         Parameters:
-          starting(str): The copy of the message that starts (``"<message_id>:<retries>"``).
+          starting(str): The copy of the message that starts, as for :meth:`acquire`.
 
         Returns:
           str: ``"held"``; ``"lapsed"`` when ``owner`` held no place; or

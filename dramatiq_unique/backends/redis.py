@@ -211,6 +211,7 @@ class RedisBackend(LockBackend):
         self._acquire = script("acquire")
         self._line = script("line")
         self._handed = script("handed")
+        self._hand_again = script("hand_again")
         self._release = script("release")
         self._release_many = script("release_many")
         self._swap = script("swap")
@@ -346,8 +347,12 @@ class RedisBackend(LockBackend):
         self.hand_over(handed)
         return _acquisition(reply)
 
-    def record_handoff(self, key: str, owner: str, *, holder: Holder) -> Acquisition:
-        return _acquisition(self._call(self._handed, [key], [owner, holder.encode(owner)]))
+    def record_handoff(self, key: str, owner: str, *, holder: Holder, handoff: int) -> Acquisition:
+        return _acquisition(self._call(self._handed, [key], [owner, holder.encode(owner), handoff]))
+
+    def hand_again(self, key: str, owner: str, record: str) -> str | None:
+        handed = self._call(self._hand_again, [key, *_line_keys(key)], [owner, record])
+        return None if handed is None else _text(handed)
 
     def release(self, key: str, owner: str) -> bool:
         released, handed = self._call(self._release, [key, *_line_keys(key)], [owner])

@@ -131,13 +131,24 @@ class StubBackend(LockBackend):
         self.hand_over(handed)
         return released
 
-    def record_handoff(self, key: str, owner: str, *, holder: Holder) -> Acquisition:
+    def record_handoff(self, key: str, owner: str, *, holder: Holder, handoff: int) -> Acquisition:
         with self._mutex:
             place = self._live(key, _now()).places.get(owner)
-            if place is None or place.holder.state != "queued":
+            if place is None or place.holder.state != "queued" or place.token != handoff:
                 return Acquisition(acquired=False)
             place.holder = holder
             return Acquisition(acquired=True, token=place.token, expires_at=place.expires_at)
+
+    def hand_again(self, key: str, owner: str, record: str) -> str | None:
+        with self._mutex:
+            place = self._live(key, _now()).places.get(owner)
+            waiting = self._waiters.get(waiters_key(key), {}).get(place.holder.message_id) if place else None
+            if place is None or waiting is None or place.record(owner) != record:
+                return None
+            now_us = time.time_ns() // 1000
+            place.token = self._fences[key] = max(self._fences.get(key, 0) + 1, now_us)
+            place.acquired_at = now_us // 1000
+            return f"{place.token}\n{waiting.message}"
 
     def lines(self, keys: Sequence[str]) -> dict[str, tuple[str, ...]]:
         with self._mutex:
@@ -196,10 +207,10 @@ class StubBackend(LockBackend):
         if self._forget_replaced(replaced_key, owner):
             self._release(key, owner, handed)
             return SUPERSEDED
-        if self._served_before(key, starting):
-            return STARTED_BEFORE
         lock = self._live(key, time.time_ns() // 1_000_000)
         place = lock.places.get(owner)
+        if self._served_before(key, owner, starting) or self._handed_to_another(place, starting):
+            return STARTED_BEFORE
         if place is None:
             handed += self._hand_over(key)
             return LAPSED
@@ -251,7 +262,10 @@ class StubBackend(LockBackend):
         if self._forget_replaced(replaced_key, release_owner):
             self._release(release_key, release_owner, handed)
             return Acquisition(acquired=False, superseded=True)
-        if self._served_before(release_key, starting):
+        place = self._live(release_key, _now()).places.get(release_owner) if starting else None
+        if starting and (
+            self._served_before(release_key, release_owner, starting) or self._handed_to_another(place, starting)
+        ):
             return Acquisition(acquired=False, started_before=True)
         refused = self._refusing(acquire_key)
         if waiter is None:
@@ -487,21 +501,26 @@ class StubBackend(LockBackend):
                     holder=waiting.holder, token=token, acquired_at=now_us // 1000, expires_at=None
                 )
                 self._locks[key] = lock
-                handed.append(waiting.message)
+                handed.append(f"{token}\n{waiting.message}")
             line.pop(0)
         return handed
 
-    def _served_before(self, key: str, copy: str) -> bool:
-        served = self._served.get(served_key(key), {})
-        return bool(copy) and served.get(copy, 0) > _now() - SERVED_RETENTION
+    def _served_before(self, key: str, message_id: str, copy: str | None) -> bool:
+        """As holders.lua's served_before; the served copies map message ids to their tokens."""
+        started = self._served.get(served_key(key), {}).get(message_id)
+        return started is not None and started > _now() * 1000 - SERVED_RETENTION * 1000 and str(started) != copy
 
-    def _serve(self, key: str, message_id: str, copy: str) -> None:
+    @staticmethod
+    def _handed_to_another(place: _Place | None, copy: str | None) -> bool:
+        return place is not None and bool(copy) and place.holder.state == "queued" and str(place.token) != copy
+
+    def _serve(self, key: str, message_id: str, copy: str | None) -> None:
         if self._waiters.get(waiters_key(key), {}).pop(message_id, None) is not None and copy:
-            now = _now()
             served = self._served.setdefault(served_key(key), {})
-            for old in [c for c, at in served.items() if at <= now - SERVED_RETENTION]:
+            oldest = _now() * 1000 - SERVED_RETENTION * 1000
+            for old in [m for m, token in served.items() if token <= oldest]:
                 del served[old]
-            served[copy] = now
+            served[message_id] = int(copy)
 
     def _take_or_wait(
         self,
@@ -525,9 +544,11 @@ class StubBackend(LockBackend):
         message_id = holder.message_id
         reserved = False
         if starting is not None:
-            if self._served_before(key, starting):
-                return Acquisition(acquired=False, started_before=True)
             place = lock.places.get(message_id)
+            if self._served_before(key, message_id, starting) or (
+                owner != message_id and self._handed_to_another(place, starting)
+            ):
+                return Acquisition(acquired=False, started_before=True)
             if place is not None and owner != message_id and place.holder.state == "queued":
                 del lock.places[message_id]
                 reserved = True

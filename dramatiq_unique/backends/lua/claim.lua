@@ -2,7 +2,7 @@
 -- it, now recorded as running ("run").
 -- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set, KEYS[3], KEYS[4], KEYS[5]: its line
 -- (line_at); one digest, one hash slot.
--- ARGV: owner, "release" or "run", holder (for "run"), the message's copy (served_before).
+-- ARGV: owner, "release" or "run", holder (for "run"), the copy of the message (served_before).
 -- Returns {1 when the owner held a place, 0 when it held none (it lapsed), -1 when a newer
 -- message took its place (replace), or -3 when this copy of it started before (a line's): it
 -- must not run; the messages the line was handed}. A replaced message gives up any place it took again
@@ -13,9 +13,12 @@ if redis.call("SREM", KEYS[2], owner) == 1 then
   local _, handed = release_place(key, line, owner, false)
   return {-1, handed}
 end
-if served_before(line, ARGV[4]) then return {-3, {}} end
 local holders, count = live_holders(key)
 local record = holders[owner]
+if served_before(line, owner, ARGV[4]) or handed_to_another(record, ARGV[4]) then
+  expire_with_holders(key, holders, count)
+  return {-3, {}}
+end
 local answer = 0
 if record then
   answer = 1

@@ -338,10 +338,14 @@ end
 -- HASH holds each of them: id -> "<limit>\n<holder>\n<message>", the number of places of the
 -- lock it waits for, the holder to record for it and the message itself, encoded. The script
 -- that frees a place hands it to the head of the line, recorded as queued and never lapsing,
--- with the message id for owner, and answers the message, which its caller enqueues. The
--- message stays among the waiters until it starts, so that the orphan reaper can enqueue it
--- again if it went missing on its way. When it starts, its copy ("<id>:<retries>") is kept in
--- the digest's served ZSET for SERVED_RETENTION ms: a second copy of it never runs.
+-- with the message id for owner, and answers "<token>\n<message>", which its caller enqueues
+-- stamped with the place's token: only the copy so stamped may take the place. The message
+-- stays among the waiters until it starts, so that the orphan reaper can enqueue it again if it
+-- went missing on its way (with the place's token renewed: the copy it replaces, if it exists
+-- after all, may not take it any more). When it starts, the digest's served ZSET keeps its id,
+-- scored by the token it started with, for SERVED_RETENTION ms: a copy with another token, or
+-- none (the message it was before it joined the line, redelivered), never runs; a redelivery
+-- of the copy that started, after its worker died, does.
 
 -- A lock's line: the keys of its list, of the digest's waiters and of its served copies (nil: none).
 local function line_at(list, waiters, served)
@@ -376,24 +380,36 @@ local function hand_over(key, line, holders, count)
       write_holder(key, head, record)
       holders[head] = record
       count = count + 1
-      table.insert(handed, message)
+      table.insert(handed, string.format("%d", token) .. "\n" .. message)
     end
     redis.call("LPOP", line.list)
   end
   return handed, count
 end
 
--- Whether the copy `copy` of a message started before: a second copy must not run.
-local function served_before(line, copy)
-  return line ~= nil and copy ~= "" and redis.call("ZSCORE", line.served, copy) ~= false
+-- Whether message `id`, as the copy a line handed the place of token `copy` ("" for one no
+-- line handed a place), must not start: another copy of it started after it waited in line.
+local function served_before(line, id, copy)
+  if not line then return false end
+  local started = redis.call("ZSCORE", line.served, id)
+  return started ~= false and tonumber(started) ~= tonumber(copy)
 end
 
--- Message `id` starts as its copy `copy`: it leaves the waiters, if it was one.
+-- Whether a queued `place` is the one a line handed to another copy than `copy`: a reaper that
+-- enqueued the message again renewed its token.
+local function handed_to_another(place, copy)
+  if not place or copy == "" or not queued(place) then return false end
+  local _, token = parse(place)
+  return token ~= tonumber(copy)
+end
+
+-- Message `id` starts as the copy `copy`: it leaves the waiters, if it was one, and a copy
+-- handed a place is remembered as the one that started.
 local function serve(line, id, copy)
   if line and redis.call("HDEL", line.waiters, id) == 1 and copy ~= "" then
-    local now = clock()
-    redis.call("ZREMRANGEBYSCORE", line.served, "-inf", now - SERVED_RETENTION)
-    redis.call("ZADD", line.served, now, copy)
+    local _, now_us = clock()
+    redis.call("ZREMRANGEBYSCORE", line.served, "-inf", now_us - SERVED_RETENTION * 1000)
+    redis.call("ZADD", line.served, copy, id)
     redis.call("PEXPIRE", line.served, SERVED_RETENTION)
   end
 end
@@ -420,8 +436,8 @@ end
 
 -- Takes a place for `owner` as take_place does, or puts its message in the lock's line when
 -- every place is taken or others wait already. `mode` is "send" for a message sent, "start"
--- for one that starts: that one takes the place its line handed it, and a second copy of a
--- message that started is answered {-3}. A message that waits already is answered its place in
+-- for one that starts as `copy` (served_before): the copy its line handed a place takes it, and
+-- another copy of that message is answered {-3}. A message that waits already is answered its place in
 -- the line. A conflict names the holders after join's reply (a full line: {-4, holders}); a
 -- message meeting a place of its own (a redelivery meeting its earlier attempt) never joins.
 -- Returns the reply, the messages handed a place, and the lock's holders and their count.
@@ -433,8 +449,10 @@ local function take_or_wait(key, line, owner, limit, ttl, extend, holder, refuse
   handed, count = hand_over(key, line, holders, count)
   local reserved = false
   if mode == "start" then
-    if served_before(line, copy) then return {-3}, handed, holders, count end
     local place = holders[id]
+    if served_before(line, id, copy) or (owner ~= id and handed_to_another(place, copy)) then
+      return {-3}, handed, holders, count
+    end
     if place and owner ~= id and queued(place) then
       -- The place its line handed this message: the message takes it as its own.
       write_holder(key, id, false)

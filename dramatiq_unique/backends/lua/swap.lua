@@ -3,8 +3,8 @@
 -- KEYS[1]: the enqueue lock, KEYS[2]: the run lock, KEYS[3]: the replaced set; KEYS[4], KEYS[5]:
 -- the lists of their lines, KEYS[6], KEYS[7]: the digest's waiters and served copies (line_at);
 -- one digest, one hash slot. KEYS[8], KEYS[9]: the refusal and the mark (new_places_refused), or none.
--- ARGV: enqueue owner, run owner, limit, ttl in ms (0: never lapses), holder, the message's copy
--- (served_before), and when the message waits in the run lock's line if every place is taken:
+-- ARGV: enqueue owner, run owner, limit, ttl in ms (0: never lapses), holder, the copy of the
+-- message (served_before), and when the message waits in the run lock's line if every place is taken:
 -- "start", its waiter entry, the line limit, "1" when the newest keeps the last place of a full line.
 -- Returns {acquire's or take_or_wait's reply, or {-1} when a newer message took the enqueue
 -- owner's place (then any place it took again since, a delayed copy or a retry coming due, is
@@ -16,7 +16,10 @@ if redis.call("SREM", KEYS[3], ARGV[1]) == 1 then
   local _, handed = release_place(KEYS[1], enqueue_line, ARGV[1], false)
   return {{-1}, handed}
 end
-if served_before(enqueue_line, ARGV[6]) then return {{-3}, {}} end
+if ARGV[6] ~= "" then
+  local place = redis.call("HGET", KEYS[1], holder_field(ARGV[1]))
+  if served_before(enqueue_line, ARGV[1], ARGV[6]) or handed_to_another(place, ARGV[6]) then return {{-3}, {}} end
+end
 local refused = new_places_refused(KEYS[8], KEYS[9])
 local reply, handed, holders, count
 if ARGV[7] == "start" then

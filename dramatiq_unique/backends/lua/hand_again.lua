@@ -1,0 +1,26 @@
+-- The orphan reaper enqueues again a message that a line handed a place and that never reached
+-- the broker: the place, while it is still exactly `record` and its message waits, gets a new
+-- token, so that the copy first handed it, if it reaches a worker after all, does not take it.
+-- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at). ARGV: owner, record.
+-- Returns "<token>\n<message>" as hand_over does, or false when the place changed or went, or
+-- its message started.
+local key, line, owner = KEYS[1], line_at(KEYS[2], KEYS[3], KEYS[4]), ARGV[1]
+local holders, count = live_holders(key)
+local record = holders[owner]
+local answer = false
+if record == ARGV[2] then
+  local expires_at, _, _, holder = parse(record)
+  local entry = redis.call("HGET", line.waiters, message_id(owner, holder))
+  if entry then
+    local now, now_us = clock()
+    local token = math.max(last_token(key) + 1, now_us)
+    write_lock_field(key, FENCE, string.format("%d", token))
+    record = format_record(expires_at, token, now, holder)
+    write_holder(key, owner, record)
+    holders[owner] = record
+    local _, _, message = parse_waiter(entry)
+    answer = string.format("%d", token) .. "\n" .. message
+  end
+end
+expire_with_holders(key, holders, count)
+return answer
