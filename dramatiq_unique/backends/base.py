@@ -266,6 +266,9 @@ class Acquisition:
       replaced(str): The queued holder whose place the caller took (:meth:`~dramatiq_unique.LockBackend.replace`).
       superseded(bool): The caller's own queued place was taken by a newer
         message (:meth:`~dramatiq_unique.LockBackend.swap`): the caller must not run.
+      due_within(int): Milliseconds within which the caller's message is due at the latest: the
+        time left until its series of debounced sends must run (:meth:`~dramatiq_unique.LockBackend.replace`
+        with ``debounce_cap``); ``None`` otherwise.
     """
 
     acquired: bool
@@ -274,6 +277,7 @@ class Acquisition:
     holders: tuple[str, ...] = ()
     replaced: str | None = None
     superseded: bool = False
+    due_within: int | None = None
 
 
 #: How long, in milliseconds, a lock store that lost its data refuses new places when no
@@ -418,12 +422,29 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def replace(
-        self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+        self,
+        key: str,
+        owner: str,
+        *,
+        replaced_key: str,
+        limit: int,
+        ttl: int | None,
+        holder: Holder,
+        extend: int = 0,
+        debounce_cap: int | None = None,
     ) -> Acquisition:
         """As :meth:`acquire`, but when every place is taken, first take the
         place of the oldest holder that is ``"queued"`` and ``replaceable``, and add that
         holder's owner to the set at ``replaced_key``. Holders that run keep
         their places. The answer names the replaced owner.
+
+        Parameters:
+          debounce_cap(int): The sends of the lock's digest are debounced, and a series of them
+            runs at least once per this many milliseconds. A new place that replaced nobody
+            starts a series, due within ``debounce_cap`` (its deadline, kept at
+            :func:`~dramatiq_unique.keys.debounce_key`); one that replaced a holder continues
+            the series, due within what is left of its deadline (0 once it passed). The
+            answer's ``due_within`` says which; ``None``, the default, starts or continues nothing.
         """
 
     @abc.abstractmethod
