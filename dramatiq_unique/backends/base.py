@@ -441,8 +441,8 @@ class LockBackend(abc.ABC):
         Parameters:
           debounce_cap(int): The sends of the lock's digest are debounced, and a series of them
             runs at least once per this many milliseconds. A new place that replaced nobody
-            starts a series, due within ``debounce_cap`` (its deadline, kept at
-            :func:`~dramatiq_unique.keys.debounce_key`); one that replaced a holder continues
+            starts a series, due within ``debounce_cap`` (its deadline, kept beside the lock at
+            ``<prefix>:{<digest>}:debounce``); one that replaced a holder continues
             the series, due within what is left of its deadline (0 once it passed). The
             answer's ``due_within`` says which; ``None``, the default, starts or continues nothing.
         """
