@@ -1,5 +1,5 @@
-"""debounce and debounce_cap with real Workers, on RedisBroker and on RabbitmqBroker (with
-RedisBackend): what a user sees is which payloads ran, and when."""
+"""debounce and debounce_cap with real Workers, on StubBroker with StubBackend and on RedisBroker
+and RabbitmqBroker with RedisBackend: what a user sees is which payloads ran, and when."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ CAP = 800
 LATE = 2 * 100 + 200
 
 
-@pytest.fixture(params=["redis", "rabbitmq"])
+@pytest.fixture(params=["stub", "redis", "rabbitmq"])
 def broker_env(request):
-    """The Env of a RedisBroker, or of a RabbitmqBroker (skipped where RabbitMQ does not run)."""
+    """The Env of a StubBroker with StubBackend, of a RedisBroker, or of a RabbitmqBroker (skipped
+    where RabbitMQ does not run)."""
     return request.getfixturevalue(f"{request.param}_env")
 
 
