@@ -454,6 +454,11 @@ def run_reap(context: Context, args: argparse.Namespace) -> int:
         f"({'a full cycle' if report.complete else 'stopped at --max-passes'}) in {report.seconds:.2f}s and released "
         f"{report.released}: {report.released_dead_workers} of dead workers, {report.released_missing_messages} of "
         "messages that no longer exist."
+        + (
+            f" It enqueued again {count(report.enqueued_again, 'message')} that a line handed a place."
+            if report.enqueued_again
+            else ""
+        )
     )
     if context.app is None:
         context.print("Enqueue locks were left alone: pass --app to let the reaper ask your broker about them.")

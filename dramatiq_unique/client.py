@@ -18,10 +18,12 @@ from typing import Any, NoReturn, cast
 from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
 
-from .conflicts import TRY_AGAIN, conflict_of, strategy_for
+from .backends import Acquisition
+from .conflicts import TRY_AGAIN, conflict_of, strategy_for, waited_in_line
 from .errors import EnqueueCancelled, LockArgumentsError, LockBackendError
 from .events import BACKEND_ERROR, CONFLICT
 from .events import RESCHEDULED as RESCHEDULED_EVENT
+from .keys import ENQUEUE
 from .lock import LockFactory, MessageLock
 from .options import ActorConfigs, LockConfig, MessageOptionsCheck
 from .outage import Outage
@@ -32,6 +34,7 @@ from .outcome import (
     REJECTED,
     RESCHEDULED,
     UNLOCKED,
+    WAITING,
     EnqueueOutcome,
     enqueue_outcome,
     has_followers,
@@ -161,6 +164,9 @@ class ClientSide:
         outcome = enqueue_outcome(message)
         if self._passes_unlocked(outcome, delay):
             return
+        if outcome.status == WAITING:
+            self._hand_over(message, config)
+            return
         if self._is_reenqueue(message, outcome):
             if config.lock.locks_at_enqueue:
                 self._reenter(message, config, delay)
@@ -189,7 +195,7 @@ class ClientSide:
         # A process that only sends meets the lock store here first.
         self.check_store()
         try:
-            acquisition = lock.acquire_enqueue(delay)
+            acquisition = lock.acquire_enqueue(delay, may_wait=True)
         except LockBackendError as e:
             lock.emit(BACKEND_ERROR, reason="acquisition at enqueue", error=e)
             # The script may have run and only its answer been lost: give the place back.
@@ -202,7 +208,26 @@ class ClientSide:
         if acquisition.acquired:
             self._thread.taken = lock
             return
+        if acquisition.waiting:
+            self._wait_in_line(lock, acquisition)
         self._conflict(broker, message, lock, acquisition.holders, delay)
+
+    def _wait_in_line(self, lock: MessageLock, acquisition: Acquisition) -> NoReturn:
+        message = lock.message
+        holder = acquisition.holders[0] if acquisition.holders else message.message_id
+        record_outcome(
+            message,
+            EnqueueOutcome(
+                status=WAITING,
+                digest=lock.digest,
+                holder=holder,
+                replaced=acquisition.displaced,
+                position=acquisition.waiting,
+                line=ENQUEUE,
+            ),
+        )
+        waited_in_line(lock, acquisition, CLIENT)
+        raise EnqueueCancelled("The message waits in the lock's line.", message)
 
     def _conflict(
         self, broker: Broker, message: Message[Any], lock: MessageLock, holders: tuple[str, ...], delay: int | None
@@ -260,6 +285,23 @@ class ClientSide:
         return any((options.get(name) or actor_options.get(name)) == message.actor_name for name in _CALLBACK_OPTIONS)
 
     # Re-entry and trying again ----------------------------------------------------------
+
+    def _hand_over(self, message: Message[Any], config: LockConfig) -> None:
+        """A message that waited in line was handed a place, and is enqueued: it records where
+        it is. It is enqueued whatever the backend answers: its place waits for it."""
+        lock: MessageLock | None = None
+        try:
+            lock = self.lock_for(message, config)
+            lock.take_handed_place()
+        except Exception as e:
+            if lock is not None and isinstance(e, LockBackendError):
+                lock.emit(BACKEND_ERROR, reason="hand-over", error=e)
+            self.logger.warning(
+                "Message %r of actor %r, handed a place by the line it waited in, is enqueued without recording it: %s",
+                message.message_id,
+                message.actor_name,
+                e,
+            )
 
     def _reenter(self, message: Message[Any], config: LockConfig, delay: int | None) -> None:
         # Never raises, but to drop a stale retry: an exception here would lose a retry or wedge a consumer.

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dramatiq import Broker
 
+from .backends import Acquisition
+from .events import WAITING
+from .keys import ENQUEUE, RUN
 from .lock import MessageLock
 from .outcome import AnyMessage, has_followers
-from .strategies import Conflict, ConflictStrategy, Reschedule
+from .strategies import CLIENT, Conflict, ConflictStrategy, Reschedule
 
 #: What becomes of a message that must not be dropped and cannot take its lock
 #: now: a redelivery meeting its own earlier attempt, a message that a group or
@@ -40,4 +43,30 @@ def conflict_of(
         max_reschedules=config.max_reschedules,
         emit=lock.emit,
         release_enqueue_lock=lock.release_enqueue,
+    )
+
+
+def waited_in_line(lock: MessageLock, acquisition: Acquisition, side: str) -> None:
+    """Tell that the message of ``lock`` waits in its lock's line, as ``acquisition`` answered."""
+    message, strategy = lock.message, lock.config.client_strategy if side == CLIENT else lock.config.server_strategy
+    displaced = (
+        f"; it took the place of message {acquisition.displaced!r}, which is dropped" if acquisition.displaced else ""
+    )
+    lock.logger.info(
+        "Message %r of actor %r waits in line for lock %r at place %d, behind message %s (strategy %r)%s.",
+        message.message_id,
+        message.actor_name,
+        lock.digest,
+        acquisition.waiting,
+        ", ".join(map(repr, acquisition.holders)) or "(none yet)",
+        strategy.name,
+        displaced,
+    )
+    lock.emit(
+        WAITING,
+        lock_kind=ENQUEUE if side == CLIENT else RUN,
+        side=side,
+        strategy=strategy.name,
+        holders=acquisition.holders,
+        replaced=acquisition.displaced,
     )

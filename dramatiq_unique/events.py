@@ -38,6 +38,10 @@ RESCHEDULED = "rescheduled"
 REJECTED = "rejected"
 #: A new message took the place of a queued holder, which will be skipped (``replace``).
 REPLACED = "replaced"
+#: A duplicate waits in the lock's line (``wait``, ``keep_latest``).
+WAITING = "waiting"
+#: A message that waited in line was handed a place, and is enqueued.
+HANDED_OVER = "handed_over"
 
 #: Every kind of event, as passed to :meth:`Events.subscribe`.
 EVENT_KINDS = frozenset(
@@ -53,6 +57,8 @@ EVENT_KINDS = frozenset(
         RESCHEDULED,
         REJECTED,
         REPLACED,
+        WAITING,
+        HANDED_OVER,
     }
 )
 
@@ -75,14 +81,15 @@ class LockEvent:
       message_id(str): The message.
       lock(str): The lock type, e.g. ``"until_executed"``.
       lock_kind(str): ``"enqueue"`` or ``"run"``: which of the digest's two
-        locks (acquired, released, lapsed, lease_lost, reaped, replaced).
+        locks (acquired, released, lapsed, lease_lost, reaped, replaced, waiting, handed_over).
       token(int): The fencing token of the place taken (acquired).
       side(str): ``"client"`` (at enqueue) or ``"server"`` (at start) (conflict).
       strategy(str): The conflict strategy that deals with the duplicate (conflict).
-      holders(tuple[str]): The message_ids holding the lock (conflict, and
+      holders(tuple[str]): The message_ids holding the lock (conflict, waiting, and
         lapsed when another message holds it now).
       delay(int): Milliseconds until the duplicate tries again (rescheduled).
-      replaced(str): The message_id of the queued message whose place was taken (replaced).
+      replaced(str): The message_id of the queued message whose place was taken (replaced), or of
+        the waiter whose place in the line was taken (waiting, ``keep_latest``).
       reason(str): Why (reaped, rejected), what failed (backend_error), or which part of
         the store lost its data (data_lost).
       error(Exception): The error the backend raised (backend_error).

@@ -92,6 +92,8 @@ class LockInfo:
       holders(tuple[HolderInfo]): Its holders, oldest first (by fencing token).
       read_at(int): When it was read, in ms of the backend's clock: the
         reference for its holders' ages and remaining time.
+      waiting(tuple[str]): The message_ids that wait in the lock's line (``wait``,
+        ``keep_latest``), the next one first.
     """
 
     digest: str
@@ -100,6 +102,7 @@ class LockInfo:
     key: str
     holders: tuple[HolderInfo, ...]
     read_at: int
+    waiting: tuple[str, ...] = ()
 
     @property
     def actor(self) -> str:
@@ -137,6 +140,7 @@ class LockInfo:
             "queue": self.queue,
             "lock": self.lock,
             "holders": [holder.as_dict() for holder in self.holders],
+            "waiting": list(self.waiting),
         }
 
 

@@ -28,6 +28,24 @@ def replaced_key(prefix: str, digest: str) -> str:
     return f"{prefix}:{{{digest}}}:replaced"
 
 
+def line_key(lock_key: str) -> str:
+    """The key of the line of the lock at ``lock_key``: the ids of the messages that wait for one
+    of its places (``on_conflict="wait"`` or ``"keep_latest"``), in the order they came."""
+    return f"{lock_key}:line"
+
+
+def waiters_key(lock_key: str) -> str:
+    """The key of the messages that wait in the lines of the locks of the digest of ``lock_key``,
+    and of those handed a place that have not started yet."""
+    return f"{lock_key.removesuffix(':run')}:waiting"
+
+
+def served_key(lock_key: str) -> str:
+    """The key of the copies of messages that started after they waited in a line of the locks of
+    the digest of ``lock_key``: a second copy of one of them never runs."""
+    return f"{lock_key.removesuffix(':run')}:served"
+
+
 def debounce_key(lock_key: str) -> str:
     """The key of the deadline of a series of debounced sends (``debounce_cap``) of the digest
     whose enqueue lock is at ``lock_key``: ``<prefix>:{<digest>}:debounce``, in the lock's hash slot."""

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from dramatiq.common import current_millis, q_name
 
-from .backends import Acquisition, Holder, LockBackend
-from .backends.base import HELD, SUPERSEDED
+from .backends import Acquisition, Holder, LockBackend, Waiter
+from .backends.base import HELD, STARTED_BEFORE, SUPERSEDED
 from .backends.base import LAPSED as NOT_HELD
 from .current import HeldLock
 from .digest import compute_digest, lock_arguments
@@ -19,7 +19,16 @@ from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, Events, EventSubject
 from .keys import ENQUEUE, RUN, enqueue_key, replaced_key, run_key
 from .liveness import worker_id
 from .options import LockConfig
-from .outcome import ENQUEUED, AnyMessage, EnqueueOutcome, enqueue_outcome, has_followers, record_outcome
+from .outcome import (
+    ENQUEUED,
+    WAITING,
+    AnyMessage,
+    EnqueueOutcome,
+    enqueue_outcome,
+    has_followers,
+    record_outcome,
+)
+from .strategies import ConflictStrategy
 
 if TYPE_CHECKING:
     from .liveness import Liveness
@@ -90,6 +99,8 @@ class MessageLock:
         self.enqueue_expires_at = outcome.expires_at
         #: How often the message was rescheduled so far; the count carries over.
         self.reschedules = outcome.reschedules
+        #: The lock whose line handed the message a place, if one did: a copy of it may have started.
+        self.handed_by = outcome.line if outcome.status == ENQUEUED else None
         #: The owner of this processing attempt's place in the run lock.
         self.run_owner: str | None = None
         self.run_token: int | None = None
@@ -97,6 +108,8 @@ class MessageLock:
         self.requeued = False
         #: Whether a newer message took this queued message's place (``replace``): it must not run.
         self.superseded = False
+        #: Whether this copy of a message that waited in line started before: it must not run.
+        self.started_before = False
 
     @classmethod
     def for_message(
@@ -209,6 +222,7 @@ class MessageLock:
         delay: int | None = None,
         *,
         may_replace: bool = True,
+        may_wait: bool = False,
         holder: Holder | None = None,
         healing: bool = False,
     ) -> Acquisition:
@@ -221,6 +235,8 @@ class MessageLock:
         (``debounce_cap``). On success the outcome is recorded in the message.
 
         Parameters:
+          may_wait(bool): A message sent: with ``wait`` or ``keep_latest``, it waits in the
+            lock's line when every place is taken (the answer's ``waiting``).
           holder(Holder): What to record; by default the message as queued.
           healing(bool): Take it even while the store heals after a loss of its data: the
             message held it before.
@@ -255,6 +271,7 @@ class MessageLock:
                 holder=holder,
                 extend=extend,
                 healing=healing,
+                waiter=self._waiter(self.config.client_strategy, ENQUEUE) if may_wait else None,
             )
         self.holds_enqueue = acquisition.acquired
         if acquisition.acquired:
@@ -283,13 +300,14 @@ class MessageLock:
         if due_within is not None and delay is not None and due_within < delay:
             self.message.options["eta"] = current_millis() + due_within
 
-    def record_enqueued(self, replaced: str | None = None, *, status: str = ENQUEUED) -> None:
+    def record_enqueued(self, replaced: str | None = None, *, status: str = ENQUEUED, line: str | None = None) -> None:
         """Record in the message that it is enqueued, with its digest and its enqueue lock, if any.
 
         The count of reschedules carries over: ``max_reschedules`` caps them all.
 
         Parameters:
           status(str): ``"unlocked"`` when it goes out without the lock it should hold.
+          line(str): The lock whose line handed it a place.
         """
         record_outcome(
             self.message,
@@ -301,12 +319,13 @@ class MessageLock:
                 expires_at=self.enqueue_expires_at if self.holds_enqueue else None,
                 replaced=replaced,
                 reschedules=self.reschedules,
+                line=line,
             ),
         )
 
     def start_releasing_enqueue(self) -> None:
         """The message starts and gives its enqueue lock up (until_executing)."""
-        if self.holds_enqueue:
+        if self.holds_enqueue or self.handed_by == ENQUEUE:
             self._claim(release=True)
 
     def start_holding_enqueue(self) -> None:
@@ -314,9 +333,13 @@ class MessageLock:
 
         When a newer message may take a queued holder's place (``replace``),
         the place is recorded as running, so that it is not taken any more,
-        at the cost of one round trip.
+        at the cost of one round trip; so it is with a line, so that a message
+        handed its place by the line leaves the waiters.
         """
-        if self.config.client_strategy.replaces_queued_holders:
+        strategy = self.config.client_strategy
+        if self.handed_by == ENQUEUE:
+            self._claim(release=False)
+        elif strategy.replaces_queued_holders or strategy.waits_in_line:
             if self.holds_enqueue and self._claim(release=False) == NOT_HELD:
                 self._retake_lapsed_enqueue()
         else:
@@ -390,17 +413,37 @@ class MessageLock:
         except LockBackendError:
             pass
 
+    def take_handed_place(self) -> None:
+        """The message was handed a place by the line it waited in, and is enqueued: its place
+        records the message's id in the broker, for the orphan reaper to look for."""
+        line = enqueue_outcome(self.message).line
+        key = self.run_key if line == RUN else self.enqueue_key
+        acquisition = self.backend.record_handoff(key, self.message.message_id, holder=self._holder("queued"))
+        if line == ENQUEUE:
+            self.holds_enqueue = acquisition.acquired
+            self.enqueue_token, self.enqueue_expires_at = acquisition.token, acquisition.expires_at
+        # It keeps saying which line it came from: it checks, when it starts, that no copy of it did.
+        self.record_enqueued(line=line)
+
     def acquire_run(self) -> Acquisition:
-        """Take a place in the run lock for this processing attempt."""
+        """Take a place in the run lock for this processing attempt, or wait in its line."""
         owner = uuid.uuid4().hex
         ttl = self._run_ttl()
+        waiter = self._waiter(self.config.server_strategy, RUN)
         try:
             acquisition = self.backend.acquire(
-                self.run_key, owner, limit=self.config.lock_limit, ttl=ttl, holder=self._running_holder()
+                self.run_key,
+                owner,
+                limit=self.config.lock_limit,
+                ttl=ttl,
+                holder=self._running_holder(),
+                waiter=waiter,
+                starting=self.copy if waiter else None,
             )
         except LockBackendError:
             self._forget_run_after_failure(owner)
             raise
+        self.started_before = acquisition.started_before
         self._took_run_lock(owner, acquisition, ttl)
         return acquisition
 
@@ -419,15 +462,18 @@ class MessageLock:
                 limit=self.config.lock_limit,
                 ttl=ttl,
                 holder=self._running_holder(),
+                waiter=self._waiter(self.config.server_strategy, RUN),
+                starting=self.copy,
             )
         except LockBackendError:
             self._forget_run_after_failure(owner)
             raise
-        if acquisition.acquired:
+        if acquisition.acquired or acquisition.waiting:
             self.holds_enqueue = False
         if acquisition.superseded:
             self.holds_enqueue = False
             self.superseded = True
+        self.started_before = acquisition.started_before
         self._took_run_lock(owner, acquisition, ttl)
         if acquisition.acquired and held:
             self.emit(RELEASED, lock_kind=ENQUEUE)
@@ -460,10 +506,12 @@ class MessageLock:
             replaced_key=self.replaced_key,
             release=release,
             holder=self._running_holder(enqueue_lock=True),
+            starting=self.copy,
         )
         if release or answer != HELD:
             self.holds_enqueue = False
         self.superseded = answer == SUPERSEDED
+        self.started_before = answer == STARTED_BEFORE
         if answer == NOT_HELD:
             self.emit(LAPSED, lock_kind=ENQUEUE)
         elif release and answer == HELD:
@@ -497,6 +545,34 @@ class MessageLock:
                     limit=self.config.lock_limit,
                     holder=self._running_holder(),
                 )
+
+    @property
+    def copy(self) -> str:
+        """This copy of the message: its id and how often it was retried. A message that waited
+        in line starts once as each copy."""
+        return f"{self.message.message_id}:{self.message.options.get('retries', 0)}"
+
+    def _waiter(self, strategy: ConflictStrategy, line: str) -> Waiter | None:
+        """The message as it waits in the line of the lock ``line`` (enqueue or run), when the
+        ``strategy`` of that side waits in line."""
+        if not strategy.waits_in_line:
+            return None
+        message = self.message
+        # It is enqueued at once when handed a place: the line was its delay.
+        waiting = message.copy(queue_name=q_name(message.queue_name))
+        for option in ("eta", "redis_message_id"):
+            waiting.options.pop(option, None)
+        record_outcome(
+            waiting,
+            EnqueueOutcome(
+                status=WAITING, digest=self.digest, holder=message.message_id, reschedules=self.reschedules, line=line
+            ),
+        )
+        return Waiter(
+            message=waiting.encode().decode(),
+            line_limit=1 if strategy.keeps_latest else self.config.line_limit,
+            keeps_latest=strategy.keeps_latest,
+        )
 
     def holder_in_hand(self) -> Holder:
         """The holder of a message in a worker's hands that may not have started, or may be

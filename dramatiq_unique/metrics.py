@@ -22,7 +22,18 @@ from typing import Any
 
 from dramatiq import Broker, Middleware
 
-from .events import ACQUIRED, BACKEND_ERROR, CONFLICT, DATA_LOST, LEASE_LOST, REAPED, RELEASED, LockEvent
+from .events import (
+    ACQUIRED,
+    BACKEND_ERROR,
+    CONFLICT,
+    DATA_LOST,
+    HANDED_OVER,
+    LEASE_LOST,
+    REAPED,
+    RELEASED,
+    WAITING,
+    LockEvent,
+)
 
 #: Each counter: the event kind it counts, its name, its help and its labels beyond queue and actor.
 COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -43,6 +54,16 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     LEASE_LOST: (
         "dramatiq_unique_leases_lost",
         "The number of run locks that lapsed while their message was running.",
+        (),
+    ),
+    WAITING: (
+        "dramatiq_unique_waits",
+        "The number of messages that joined a lock's line, by side: less handoffs, those in line.",
+        ("side",),
+    ),
+    HANDED_OVER: (
+        "dramatiq_unique_handoffs",
+        "The number of messages that waited in a lock's line and were handed a place.",
         (),
     ),
 }
@@ -94,6 +115,8 @@ class PrometheusMetrics:
         counter = counters[event.kind]
         if event.kind == CONFLICT:
             counter.labels(event.queue_name, event.actor_name, event.side or "", event.strategy or "").inc()
+        elif event.kind == WAITING:
+            counter.labels(event.queue_name, event.actor_name, event.side or "").inc()
         else:
             counter.labels(event.queue_name, event.actor_name).inc()
 

@@ -20,6 +20,7 @@ from .default_backend import default_backend
 from .errors import InvalidLockOptions, UniqueError
 from .events import Events, Subscriber
 from .eviction import EvictionCheck
+from .handoffs import Handoffs
 from .healing import Healing
 from .keys import reaper_schedule_key
 from .lock import LockFactory
@@ -31,6 +32,7 @@ from .options import (
     DEFAULT_DEBOUNCE_CAP,
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_LEASE_PERIOD,
+    DEFAULT_LINE_LIMIT,
     DEFAULT_LOCK,
     DEFAULT_LOCK_ARGS_METHOD,
     DEFAULT_LOCK_LIMIT,
@@ -93,6 +95,7 @@ class UniqueJobs(Middleware):
       unique_across_actors(bool): Leave the actor out of the digest.
       reschedule_delay(int): Milliseconds before a rescheduled duplicate tries again.
       max_reschedules(int): How often a duplicate may be rescheduled; ``None`` for no limit.
+      line_limit(int): How many duplicates may wait in a lock's line (``on_conflict="wait"``).
       debounce(int): Milliseconds of quiet before a debounced message runs: a newer send
         starts them again and takes its place. ``None`` for no debounce. See docs/options.md.
       debounce_cap(int): Milliseconds a series of debounced sends is postponed at most;
@@ -137,6 +140,7 @@ class UniqueJobs(Middleware):
         unique_across_actors: bool = DEFAULT_UNIQUE_ACROSS_ACTORS,
         reschedule_delay: int = DEFAULT_RESCHEDULE_DELAY,
         max_reschedules: int | None = DEFAULT_MAX_RESCHEDULES,
+        line_limit: int = DEFAULT_LINE_LIMIT,
         debounce: int | None = DEFAULT_DEBOUNCE,
         debounce_cap: int | None = DEFAULT_DEBOUNCE_CAP,
         lease_period: int = DEFAULT_LEASE_PERIOD,
@@ -173,6 +177,7 @@ class UniqueJobs(Middleware):
             unique_across_actors=unique_across_actors,
             reschedule_delay=reschedule_delay,
             max_reschedules=max_reschedules,
+            line_limit=line_limit,
             debounce=debounce,
             debounce_cap=debounce_cap,
         )
@@ -362,6 +367,8 @@ class UniqueJobs(Middleware):
         self.healing.add_prefix(options["lock_prefix"])
         if self.client_side.guard(broker):
             self._warn_if_after_retries(broker)
+            # The messages their line hands a place go through this broker.
+            self.backend.handoffs = Handoffs(broker, logger=self.logger, events=self.events)
 
     def _warn_if_after_retries(self, broker: Broker) -> None:
         retries = [i for i, m in enumerate(broker.middleware) if isinstance(m, Retries)]

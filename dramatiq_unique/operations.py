@@ -27,7 +27,7 @@ from .digest import compute_digest, lock_arguments
 from .held import QUEUED, STATES, Explanation, HolderInfo, LockInfo, WorkerInfo
 from .keys import ENQUEUE, RUN, digest_of, enqueue_key, prefix_of, registry_key, run_key
 from .options import DEFAULT_LOCK_PREFIX, LockConfig
-from .presentation import describe_holder, describe_holders
+from .presentation import count, describe_holder, describe_holders
 from .reaper import DEFAULT_BATCH, locator_for
 from .strategies import CLIENT, SERVER
 
@@ -196,7 +196,7 @@ class Locks:
                 following = _Position(position.index + 1, "0")
             else:
                 following = None
-            yield _Step(position=position, locks=_locks_of(records, now), next=following)
+            yield _Step(position=position, locks=self._with_lines(_locks_of(records, now)), next=following)
             position = following
 
     def _parse_cursor(self, cursor: str | None) -> tuple[_Position, tuple[str, int] | None]:
@@ -305,7 +305,12 @@ class Locks:
     def _read(self, prefix: str, digest: str) -> tuple[int, builtins.list[LockInfo]]:
         """The enqueue and run lock of ``digest`` under ``prefix``, and when they were read."""
         now, records = self.backend.read([enqueue_key(prefix, digest), run_key(prefix, digest)])
-        return now, _locks_of(records, now)
+        return now, self._with_lines(_locks_of(records, now))
+
+    def _with_lines(self, locks: builtins.list[LockInfo]) -> builtins.list[LockInfo]:
+        """The locks with the messages that wait in their lines, read in one round trip."""
+        lines = self.backend.lines([lock.key for lock in locks]) if locks else {}
+        return [dataclasses.replace(lock, waiting=lines[lock.key]) if lock.key in lines else lock for lock in locks]
 
     def workers(self) -> tuple[int, tuple[WorkerInfo, ...]]:
         """The worker processes in the heartbeat registry of each lock prefix covered.
@@ -504,7 +509,7 @@ def _on_send(config: LockConfig, lock: LockInfo | None, now: int) -> str:
             )
         note = ": every holder runs, and a running one stays"
     sentence = f"{subject} would {_outcome(config, CLIENT)} as a duplicate of {describe_holders(lock.holders, now)}"
-    sentence += f" (strategy {strategy.name!r}{note})."
+    sentence += f" (strategy {strategy.name!r}{note}){_line(lock)}."
     if config.lock.requires_ttl:
         sentence += f" An {config.lock.name} lock is only freed by its lock_ttl, whatever became of its message."
     return sentence
@@ -517,5 +522,10 @@ def _on_start(config: LockConfig, lock: LockInfo | None, now: int) -> str:
         return str(free)
     return (
         f"{subject} would {_outcome(config, SERVER)}: the run lock is held by "
-        f"{describe_holders(lock.holders, now)} (strategy {config.server_strategy.name!r})."
+        f"{describe_holders(lock.holders, now)} (strategy {config.server_strategy.name!r}){_line(lock)}."
     )
+
+
+def _line(lock: LockInfo) -> str:
+    """``; 3 messages wait in its line`` for a lock with a line, else nothing."""
+    return f"; {count(len(lock.waiting), 'message')} wait in its line" if lock.waiting else ""

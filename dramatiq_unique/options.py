@@ -39,6 +39,8 @@ DEFAULT_UNIQUE_ACROSS_ACTORS = False
 #: The default delay before a rescheduled duplicate tries again, in milliseconds.
 DEFAULT_RESCHEDULE_DELAY = 5000
 DEFAULT_MAX_RESCHEDULES: int | None = None
+#: The default number of messages that may wait in a lock's line (``wait``).
+DEFAULT_LINE_LIMIT = 1000
 DEFAULT_DEBOUNCE: int | None = None
 DEFAULT_DEBOUNCE_CAP: int | None = None
 
@@ -68,6 +70,7 @@ DEFAULTS: dict[str, Any] = {
     "unique_across_actors": DEFAULT_UNIQUE_ACROSS_ACTORS,
     "reschedule_delay": DEFAULT_RESCHEDULE_DELAY,
     "max_reschedules": DEFAULT_MAX_RESCHEDULES,
+    "line_limit": DEFAULT_LINE_LIMIT,
     "debounce": DEFAULT_DEBOUNCE,
     "debounce_cap": DEFAULT_DEBOUNCE_CAP,
 }
@@ -101,6 +104,7 @@ class LockConfig:
     unique_across_actors: bool
     reschedule_delay: int
     max_reschedules: int | None
+    line_limit: int
     debounce: int | None
     debounce_cap: int | None
 
@@ -124,6 +128,7 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
     check.integer("lock_ttl", minimum=1, optional=True)
     check.integer("reschedule_delay", minimum=0)
     check.integer("max_reschedules", minimum=0, optional=True)
+    check.integer("line_limit", minimum=1)
     check.integer("debounce", minimum=1, optional=True)
     check.integer("debounce_cap", minimum=1, optional=True)
     check.debounce_cap("debounce_cap", "debounce")
@@ -148,6 +153,15 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
             + _choices(name for name, s in STRATEGIES.items() if CLIENT in s.sides and not s.replaces_queued_holders)
             + "."
         )
+    if lock.requires_ttl and (client_strategy.waits_in_line or server_strategy.waits_in_line):
+        waiting = client_strategy if client_strategy.waits_in_line else server_strategy
+        raise InvalidLockOptions(
+            f"{subject} uses on_conflict={options['on_conflict']!r} with lock={lock.name!r}: a lock that is only "
+            f"released by its TTL never hands its place to a message waiting in line ({waiting.name!r}). "
+            "Valid choices there are: "
+            + _choices(name for name, s in STRATEGIES.items() if CLIENT in s.sides and not s.waits_in_line)
+            + "."
+        )
     if lock.requires_ttl and options["lock_ttl"] is None:
         raise InvalidLockOptions(
             f"{subject} uses lock={lock.name!r}, which is only released when its TTL runs out, but has no lock_ttl. "
@@ -168,6 +182,7 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
         unique_across_actors=options["unique_across_actors"],
         reschedule_delay=options["reschedule_delay"],
         max_reschedules=options["max_reschedules"],
+        line_limit=options["line_limit"],
         debounce=options["debounce"],
         debounce_cap=options["debounce_cap"],
     )

@@ -29,6 +29,9 @@ RESCHEDULED = "rescheduled"
 #: The message was enqueued without its lock: the lock backend failed and
 #: ``on_backend_error`` is ``"allow"``.
 UNLOCKED = "unlocked"
+#: The message waits in the lock's line, to be enqueued when it is handed a place
+#: (``wait``, ``keep_latest``).
+WAITING = "waiting"
 
 #: The message options of Dramatiq's pipelines and groups that something waits for.
 _FOLLOWER_OPTIONS = ("pipe_target", "group_completion_uuid")
@@ -41,9 +44,10 @@ class EnqueueOutcome:
     Parameters:
       status(str): ``"enqueued"``, ``"duplicate"`` (dropped), ``"rejected"``
         (on its way to the dead-letter queue), ``"rescheduled"`` (it tries
-        the lock again after ``reschedule_delay``) or ``"unlocked"`` (enqueued
+        the lock again after ``reschedule_delay``), ``"unlocked"`` (enqueued
         without its lock because the lock backend failed and
-        ``on_backend_error`` is ``"allow"``).
+        ``on_backend_error`` is ``"allow"``) or ``"waiting"`` (in the lock's line:
+        it is enqueued when a place frees up).
       holder(str): The message_id that holds the lock: the message itself when
         it was enqueued (or when the lock backend could not tell), the earlier
         message otherwise.
@@ -52,9 +56,12 @@ class EnqueueOutcome:
       expires_at(int): When the enqueue lock lapses (ms of the backend's clock),
         ``None`` when it does not.
       replaced(str): The message_id of the queued message whose place this one
-        took (``replace``); it is skipped when it reaches a worker.
+        took (``replace``); it is skipped when it reaches a worker. For a waiting
+        message, the one whose place in the line it took (``keep_latest``), which is dropped.
       reschedules(int): How often the message was rescheduled so far.
       reason(str): Why a rejected message goes to the dead-letter queue.
+      position(int): A waiting message's place in the line when it joined (1 is next).
+      line(str): The lock whose line a waiting message is in: ``"enqueue"`` or ``"run"``.
     """
 
     status: str
@@ -65,6 +72,8 @@ class EnqueueOutcome:
     replaced: str | None = None
     reschedules: int = 0
     reason: str | None = None
+    position: int | None = None
+    line: str | None = None
 
     @property
     def enqueued(self) -> bool:
@@ -97,6 +106,8 @@ def enqueue_outcome(message: AnyMessage) -> EnqueueOutcome:
         replaced=recorded.get("replaced"),
         reschedules=recorded.get("reschedules", 0),
         reason=recorded.get("reason"),
+        position=recorded.get("position"),
+        line=recorded.get("line"),
     )
 
 
@@ -108,7 +119,7 @@ def has_followers(message: AnyMessage) -> bool:
 def record_outcome(message: AnyMessage, outcome: EnqueueOutcome) -> None:
     """Write ``outcome`` into the message's options."""
     recorded: dict[str, Any] = {"status": outcome.status, "digest": outcome.digest, "holder": outcome.holder}
-    for name in ("token", "expires_at", "replaced", "reason"):
+    for name in ("token", "expires_at", "replaced", "reason", "position", "line"):
         value = getattr(outcome, name)
         if value is not None:
             recorded[name] = value

@@ -70,7 +70,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, indent: str 
 
 
 def lock_table(locks: Iterable[LockInfo], *, indent: str = "") -> list[str]:
-    """One row per holder, with its lock."""
+    """One row per holder, with its lock, then one per message waiting in its line."""
     headers = ("DIGEST", "KIND", "ACTOR", "QUEUE", "LOCK", "MESSAGE ID", "STATE", "AGE", "TTL", "WORKER")
     rows = [
         (
@@ -88,6 +88,11 @@ def lock_table(locks: Iterable[LockInfo], *, indent: str = "") -> list[str]:
         for lock in locks
         for holder in lock.holders
     ]
+    rows += [
+        (lock.digest, lock.kind, lock.actor, lock.queue, lock.lock, message_id, f"waiting {place}", "-", "-", "-")
+        for lock in locks
+        for place, message_id in enumerate(lock.waiting, 1)
+    ]
     return table(headers, rows, indent=indent)
 
 
@@ -103,7 +108,11 @@ def describe_lock(lock: LockInfo) -> list[str]:
     lines = [f"{lock.kind} lock {lock.key}: {count(len(lock.holders), 'holder')}"]
     owners = sorted({(h.actor, h.queue, h.lock) for h in lock.holders})
     lines += [f"  actor {actor}, queue {queue}, lock {kind}" for actor, queue, kind in owners]
-    return lines + holder_table(lock)
+    lines += holder_table(lock)
+    if lock.waiting:
+        lines.append(f"  {count(len(lock.waiting), 'message')} waiting in its line, the next first:")
+        lines += [f"    {place}. {message_id}" for place, message_id in enumerate(lock.waiting, 1)]
+    return lines
 
 
 def describe_holder(holder: HolderInfo, now: int) -> str:

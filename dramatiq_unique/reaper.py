@@ -7,13 +7,18 @@ releases:
 * run locks whose worker is dead by what it published: its last heartbeat
   plus its own lease period lie in the past (their lease would free them
   too, within about a heartbeat interval more: the reaper is the fast path);
-* enqueue locks whose message no longer exists in the broker. ``RedisBroker``
+* enqueue locks whose message no longer exists in the broker (and the places a
+  lock's line handed to a message, in either lock). ``RedisBroker``
   and ``StubBroker`` are asked for the message by its id. RabbitMQ cannot be:
   there, a message is gone when its queue and delay queue have no message
   waiting, before and after every live worker published the messages in its
   hands (see :mod:`dramatiq_unique.in_hand`), and none holds it. Other brokers
   are not asked. ``until_expired`` locks are left alone: they are meant to
   outlive their message.
+
+A place that a lock's line handed to a message whose enqueue was lost with the
+process that freed the place is not released: the message, which the lock store
+keeps until it starts, is enqueued again.
 
 It never releases the lock of a message that is queued, delayed, retrying or
 running on a live worker: a message is looked for twice, a moment
@@ -48,6 +53,7 @@ from dramatiq.results import Results
 from .backends import Holder, LockBackend, LockRecord
 from .errors import InvalidLockOptions
 from .events import REAPED, Events, LockEvent
+from .held import QUEUED
 from .in_hand import held_by_live_workers
 from .keys import RUN, digest_of, reaper_cursor_key, reaper_leader_key, registry_key
 from .locks import LOCK_TYPES
@@ -78,6 +84,8 @@ class ReapReport:
       inspected(int): Places (holders of locks) inspected.
       released_dead_workers(int): Run locks released because their worker is dead.
       released_missing_messages(int): Enqueue locks released because their message no longer exists.
+      enqueued_again(int): Messages handed a place by a lock's line that never reached the
+        broker, enqueued again.
       forgotten_workers(int): Dead workers removed from the worker registry.
       complete(bool): Whether the run reached the end of the locks (a full cycle).
       skipped(bool): Whether another reaper was running, so this one did nothing.
@@ -88,6 +96,7 @@ class ReapReport:
     inspected: int = 0
     released_dead_workers: int = 0
     released_missing_messages: int = 0
+    enqueued_again: int = 0
     forgotten_workers: int = 0
     complete: bool = False
     skipped: bool = False
@@ -194,12 +203,13 @@ class Reaper:
         report.seconds = time.monotonic() - started
         self.logger.info(
             "The orphan reaper inspected %d lock places in %d passes and released %d: %d of dead workers, "
-            "%d of messages that no longer exist.",
+            "%d of messages that no longer exist; it enqueued again %d messages handed a place by a line.",
             report.inspected,
             report.passes,
             report.released,
             report.released_dead_workers,
             report.released_missing_messages,
+            report.enqueued_again,
         )
         return report
 
@@ -226,8 +236,9 @@ class Reaper:
             if record.expires_at is not None and record.expires_at <= now:
                 continue  # lapsed: the next operation on the lock drops it
             # Only run locks end with their worker. An enqueue lock recorded as running (replace)
-            # belongs to a message the broker redelivers when its worker dies.
-            if record.kind == RUN:
+            # belongs to a message the broker redelivers when its worker dies; a queued place in
+            # a run lock, handed by its line, to a message on its way through the broker.
+            if record.kind == RUN and record.holder.get("state") != QUEUED:
                 worker = record.holder.get("worker_id")
                 until = alive_until.get(worker) if isinstance(worker, str) else None
                 # Each worker says how long it counts as alive: its heartbeat plus its own lease
@@ -244,9 +255,27 @@ class Reaper:
                 # enqueued again before its old copy goes: look again a moment later.
                 time.sleep(self.confirm_delay)
                 for record, gone in zip(suspects, locator.missing(suspects), strict=True):
-                    if gone:
+                    if gone and not self._enqueue_again(record, report, locator.broker):
                         self._release(record, report, "its message no longer exists in the broker")
         return cursor
+
+    def _enqueue_again(self, record: LockRecord, report: ReapReport, broker: Broker) -> bool:
+        """Enqueue again the message of a place that its line handed it, if the lock store still
+        keeps it (it has not started); returns whether it did."""
+        message_id = str(record.holder.get("message_id"))
+        encoded = self.backend.waiting_message(record.key, message_id)
+        if encoded is None:
+            return False
+        broker.enqueue(Message.decode(encoded.encode()))
+        report.enqueued_again += 1
+        self.logger.warning(
+            "The orphan reaper enqueued message %r of actor %r again: the line of lock %r handed it a place, "
+            "and it never reached the broker (the process that freed the place died first).",
+            message_id,
+            record.holder.get("actor"),
+            record.key,
+        )
+        return True
 
     def _release(self, record: LockRecord, report: ReapReport, reason: str) -> None:
         if not self.backend.release_record(record.key, record.owner, record.record):
@@ -415,10 +444,11 @@ class _RedisLocator(_Locator):
     """RedisBroker keeps every message, until it is acked, in ``<ns>:<queue>.msgs``
     (delayed ones and retries in ``<ns>:<queue>.DQ.msgs``), fetched or not."""
 
-    def __init__(self, broker: Any):
+    def __init__(self, broker: Any, *, backend: LockBackend):
         super().__init__(broker)
         self.client = broker.client
         self.namespace = broker.namespace
+        self.backend = backend
 
     def missing(self, records: list[LockRecord]) -> list[bool]:
         pipe = self.client.pipeline(transaction=False)
@@ -430,8 +460,15 @@ class _RedisLocator(_Locator):
                 pipe.hexists(f"{self.namespace}:{dq_name(queue)}.msgs", rid)
             asked.append(bool(rid and queue))
         answers = iter(pipe.execute())
-        # A lock recorded without the message's Redis id is never taken for an orphan.
-        return [ask and not any([next(answers), next(answers)]) for ask in asked]
+        # A place recorded without the message's Redis id is never taken for an orphan, but one that
+        # a line handed: its message records the id when it reaches the broker.
+        return [
+            not any([next(answers), next(answers)]) if ask else self._handed_and_lost(record)
+            for record, ask in zip(records, asked, strict=True)
+        ]
+
+    def _handed_and_lost(self, record: LockRecord) -> bool:
+        return self.backend.waiting_message(record.key, str(record.holder.get("message_id"))) is not None
 
 
 class _StubLocator(_Locator):
@@ -609,6 +646,8 @@ def locator_for(
     kind = _locator_class(broker)
     if kind is _QueueCountLocator:
         return _QueueCountLocator(broker, backend=backend, registry=registry, logger=logger)
+    if kind is _RedisLocator:
+        return _RedisLocator(broker, backend=backend)
     return None if kind is None else kind(broker)
 
 

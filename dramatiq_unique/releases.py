@@ -154,6 +154,11 @@ class BackgroundReleases:
                 self._waiting = [release for release in self._waiting if release[0] != key]
         if mine:
             self._release(mine)
+        serving = self._serving
+        if serving is not None and serving[0] is threading.current_thread():
+            # The serving thread itself, once a round trip was answered (a message a release
+            # handed a place, being enqueued; an event subscriber): nothing of it is in flight.
+            return
         with self._changed:
             # What is left is in flight in another thread's round trip.
             self._changed.wait_for(lambda: key not in self._unsettled, timeout=SETTLE_TIMEOUT)

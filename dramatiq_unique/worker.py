@@ -16,7 +16,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import SkipMessage
 
 from .backends import Acquisition
-from .conflicts import TRY_AGAIN, conflict_of, strategy_for
+from .conflicts import TRY_AGAIN, conflict_of, strategy_for, waited_in_line
 from .current import _set_current_lock
 from .errors import LockBackendError, LockStoreHealing
 from .events import BACKEND_ERROR, CONFLICT
@@ -105,6 +105,18 @@ class WorkerSide:
                 lock.digest,
             )
             raise SkipMessage("A newer message replaced this one.")
+        if lock.started_before:
+            self.logger.info(
+                "Message %r of actor %r is skipped: it waited in the line of lock %r, and a copy of it started "
+                "already.",
+                message.message_id,
+                message.actor_name,
+                lock.digest,
+            )
+            raise SkipMessage("A copy of this message started already.")
+        if acquisition is not None and acquisition.waiting:
+            waited_in_line(lock, acquisition, SERVER)
+            raise SkipMessage("The message waits in the lock's line.")
         if acquisition is not None and not acquisition.acquired:
             self._conflict(broker, lock, acquisition.holders)
         _set_current_lock(lock.held())

@@ -1,6 +1,6 @@
 """Lock backends: where locks are stored."""
 
-from .base import Acquisition, EvictionRisk, Holder, LockBackend, LockRecord, MessagesInHand
+from .base import Acquisition, EvictionRisk, Holder, LockBackend, LockRecord, MessagesInHand, Waiter
 from .redis import RedisBackend
 from .stub import StubBackend
 
@@ -11,6 +11,7 @@ __all__ = [
     "LockBackend",
     "LockRecord",
     "MessagesInHand",
+    "Waiter",
     "RedisBackend",
     "StubBackend",
 ]

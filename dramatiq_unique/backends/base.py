@@ -14,7 +14,7 @@ import abc
 import base64
 import binascii
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,6 +266,13 @@ class Acquisition:
       replaced(str): The queued holder whose place the caller took (:meth:`~dramatiq_unique.LockBackend.replace`).
       superseded(bool): The caller's own queued place was taken by a newer
         message (:meth:`~dramatiq_unique.LockBackend.swap`): the caller must not run.
+      started_before(bool): This copy of a message that waited in line started before
+        (``starting``): the caller must not run.
+      waiting(int): The caller's message waits in the lock's line (a :class:`Waiter`), at this
+        place (1 is next); ``holders`` names those that hold the lock.
+      displaced(str): The message_id of the waiter whose place in a full line the caller took
+        (:attr:`Waiter.keeps_latest`); it is dropped.
+      line_full(bool): The caller's message could not wait: the line is full.
       due_within(int): Milliseconds within which the caller's message is due at the latest: the
         time left until its series of debounced sends must run (:meth:`~dramatiq_unique.LockBackend.replace`
         with ``debounce_cap``); ``None`` otherwise.
@@ -277,8 +284,34 @@ class Acquisition:
     holders: tuple[str, ...] = ()
     replaced: str | None = None
     superseded: bool = False
+    started_before: bool = False
+    waiting: int | None = None
+    displaced: str | None = None
+    line_full: bool = False
     due_within: int | None = None
 
+
+@dataclass(frozen=True)
+class Waiter:
+    """A message that waits in the lock's line when every place is taken, to be handed a place
+    when one frees up, in the order they came.
+
+    Parameters:
+      message(str): The message, encoded (``Message.encode()``), as it is to be enqueued when
+        it is handed a place.
+      line_limit(int): How many messages may wait in the line.
+      keeps_latest(bool): When the line is full, this message takes the place of the last one
+        waiting, which is dropped, instead of being refused.
+    """
+
+    message: str
+    line_limit: int
+    keeps_latest: bool = False
+
+
+#: How long, in milliseconds, the copies of messages that started after they waited in line are
+#: remembered: a second copy of one (after a crash mid-handoff) is skipped within that time.
+SERVED_RETENTION = 3_600_000
 
 #: How long, in milliseconds, a lock store that lost its data refuses new places when no
 #: worker heals it: a worker that heals keeps refusing until it is done.
@@ -288,6 +321,7 @@ UNHEALED_REFUSAL = 30_000
 HELD = "held"
 LAPSED = "lapsed"
 SUPERSEDED = "superseded"
+STARTED_BEFORE = "started_before"
 
 
 @dataclass(frozen=True)
@@ -343,7 +377,42 @@ class LockBackend(abc.ABC):
 
     Every method raises :class:`dramatiq_unique.errors.LockBackendError`
     when the storage cannot be reached.
+
+    A method that frees a place hands it to the first message waiting in the lock's line
+    (:class:`Waiter`), in the same step, and passes the messages handed a place to
+    :attr:`handoffs` to be enqueued.
     """
+
+    #: Called with the messages (encoded) that were handed a place, to enqueue them; set by the
+    #: middleware. Without it, they keep their places and the orphan reaper enqueues them.
+    handoffs: Callable[[list[str]], None] | None = None
+
+    def hand_over(self, messages: Sequence[Any]) -> None:
+        """Pass the messages a transition handed a place to :attr:`handoffs`, if any."""
+        handoffs = self.handoffs
+        if messages and handoffs is not None:
+            handoffs([m.decode() if isinstance(m, bytes) else str(m) for m in messages])
+
+    def record_handoff(self, key: str, owner: str, *, holder: Holder) -> Acquisition:
+        """A message that the line of the lock at ``key`` handed ``owner``'s place reaches the
+        broker: record ``holder`` (with its broker id) in that place, while it is still queued.
+
+        Returns:
+          Acquisition: Not acquired when ``owner`` holds no queued place (a copy of the message
+          started already, or the place was freed). This implementation has no lines.
+        """
+        return Acquisition(acquired=False)
+
+    def lines(self, keys: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """The message_ids that wait in the line of each lock at ``keys``, in order, in one round
+        trip where the backend can; a lock whose line is empty is left out. This implementation
+        has no lines."""
+        return {}
+
+    def waiting_message(self, key: str, message_id: str) -> str | None:
+        """The message (encoded) of ``message_id`` while it waits in a line of the digest of the
+        lock at ``key``, or was handed a place and has not started; ``None`` otherwise."""
+        return None
 
     def for_native_thread(self) -> LockBackend | None:
         """This backend, for a native thread of a process that gevent monkey-patched: one that
@@ -373,6 +442,8 @@ class LockBackend(abc.ABC):
         holder: Holder,
         extend: int = 0,
         healing: bool = False,
+        waiter: Waiter | None = None,
+        starting: str | None = None,
     ) -> Acquisition:
         """Take one of the ``limit`` places of the lock at ``key`` for ``owner``.
 
@@ -393,6 +464,11 @@ class LockBackend(abc.ABC):
           healing(bool): Take the place even while the store refuses new ones after a
             loss of its data (:meth:`refuse_new_places`): the places of the messages
             that held them before the loss.
+          waiter(Waiter): Wait in the lock's line when every place is taken, or when others
+            wait already: the answer's ``waiting`` says where (or ``line_full``).
+          starting(str): The message starts, as this copy of it (``"<message_id>:<retries>"``),
+            and waits in line with ``waiter``: it takes the place its line handed it, if any;
+            a copy that started before is answered ``started_before``.
 
         Raises:
           LockStoreHealing: If the store refuses new places; a place kept is never refused.
@@ -448,14 +524,21 @@ class LockBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def claim(self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder) -> str:
+    def claim(
+        self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder, starting: str = ""
+    ) -> str:
         """A message that holds a place in the enqueue lock at ``key`` starts:
         give the place up (``release``) or record it as running (``holder``).
+
+        Parameters:
+          starting(str): The copy of the message that starts (``"<message_id>:<retries>"``).
 
         Returns:
           str: ``"held"``; ``"lapsed"`` when ``owner`` held no place; or
           ``"superseded"`` when a newer message took its place, in which case
-          the owner is removed from the set at ``replaced_key`` and must not run.
+          the owner is removed from the set at ``replaced_key`` and must not run;
+          or ``"started_before"`` when that copy of a message that waited in line
+          started before, and must not run.
         """
 
     @abc.abstractmethod
@@ -470,12 +553,15 @@ class LockBackend(abc.ABC):
         limit: int,
         ttl: int | None,
         holder: Holder,
+        waiter: Waiter | None = None,
+        starting: str = "",
     ) -> Acquisition:
         """In one atomic step, take a place in the lock at ``acquire_key``
         and, only if that succeeded, give up ``release_owner``'s place in the
         lock at ``release_key``. All keys belong to one digest. If a newer
         message took ``release_owner``'s place, nothing is taken and the
-        answer is ``superseded``.
+        answer is ``superseded``. With ``waiter`` and ``starting``, as for
+        :meth:`acquire`; a message that waits in line gives up its place too.
         """
 
     # Leases and worker liveness -------------------------------------------------

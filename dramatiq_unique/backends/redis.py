@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import time
@@ -16,10 +17,23 @@ from redis.commands.core import Script
 from redis.crc import key_slot
 
 from ..errors import InvalidBackendOptions, LockBackendError, LockStoreHealing
-from ..keys import debounce_key, digest_keys_start, epoch_key, in_hand_key, lock_kind, prefix_of, refusal_key
+from ..keys import (
+    debounce_key,
+    digest_keys_start,
+    epoch_key,
+    in_hand_key,
+    line_key,
+    lock_kind,
+    prefix_of,
+    refusal_key,
+    served_key,
+    waiters_key,
+)
 from .base import (
     HELD,
     LAPSED,
+    SERVED_RETENTION,
+    STARTED_BEFORE,
     SUPERSEDED,
     UNHEALED_REFUSAL,
     Acquisition,
@@ -28,6 +42,7 @@ from .base import (
     LockBackend,
     LockRecord,
     MessagesInHand,
+    Waiter,
     parse_lock,
 )
 from .native_connection import native_client
@@ -80,7 +95,10 @@ EVICTION_POLICIES = (
 def _script_source(name: str, *, fence_retention: int) -> str:
     lua = resources.files(__package__).joinpath("lua")
     library = lua.joinpath(f"{_LIBRARY}.lua").read_text()
-    constants = f"local FENCE_RETENTION = {fence_retention}\nlocal UNHEALED_REFUSAL = {UNHEALED_REFUSAL}\n"
+    constants = (
+        f"local FENCE_RETENTION = {fence_retention}\nlocal UNHEALED_REFUSAL = {UNHEALED_REFUSAL}\n"
+        f"local SERVED_RETENTION = {SERVED_RETENTION}\n"
+    )
     return f"{constants}{library}\n" + lua.joinpath(f"{name}.lua").read_text()
 
 
@@ -192,6 +210,8 @@ class RedisBackend(LockBackend):
             return self.client.register_script(_script_source(name, fence_retention=fence_retention))
 
         self._acquire = script("acquire")
+        self._line = script("line")
+        self._handed = script("handed")
         self._release = script("release")
         self._release_many = script("release_many")
         self._swap = script("swap")
@@ -314,31 +334,45 @@ class RedisBackend(LockBackend):
         holder: Holder,
         extend: int = 0,
         healing: bool = False,
+        waiter: Waiter | None = None,
+        starting: str | None = None,
     ) -> Acquisition:
         refusal = () if healing else self._refusal_keys(key)
-        reply = self._call(
-            self._acquire, [key], [owner, limit, ttl or 0, extend, holder.encode(owner)], refusal=refusal
-        )
+        args = [owner, limit, ttl or 0, extend, holder.encode(owner)]
+        if waiter is None:
+            return _acquisition(self._call(self._acquire, [key], args, refusal=refusal))
+        mode = "send" if starting is None else "start"
+        args += [mode, starting or "", *_waiter_args(waiter, holder, limit)]
+        reply, handed = self._call(self._line, [key, *_line_keys(key)], args, refusal=refusal)
+        self.hand_over(handed)
         return _acquisition(reply)
 
+    def record_handoff(self, key: str, owner: str, *, holder: Holder) -> Acquisition:
+        return _acquisition(self._call(self._handed, [key], [owner, holder.encode(owner)]))
+
     def release(self, key: str, owner: str) -> bool:
-        return bool(self._call(self._release, [key], [owner]))
+        released, handed = self._call(self._release, [key, *_line_keys(key)], [owner])
+        self.hand_over(handed)
+        return bool(released)
 
     def release_many(self, places: Sequence[tuple[str, str]]) -> list[bool]:
         # One script call for them all; on Redis Cluster one per hash slot, as a
-        # script's keys must share one.
-        groups: dict[int, list[int]] = {}
-        if _is_cluster(self.client):
-            client: Any = self.client
-            for i, (key, _) in enumerate(places):
-                groups.setdefault(client.keyslot(key), []).append(i)
-        elif places:
-            groups[0] = list(range(len(places)))
+        # script's keys must share one. A key of another kind than a lock's has no line,
+        # where the script takes four keys a place: it is released on its own.
         released = [False] * len(places)
+        groups: dict[int, list[int]] = {}
+        cluster = _is_cluster(self.client)
+        for i, (key, owner) in enumerate(places):
+            if lock_kind(key) is None:
+                released[i] = self.release(key, owner)
+            else:
+                groups.setdefault(self.client.keyslot(key) if cluster else 0, []).append(i)  # type: ignore[union-attr]
         for group in groups.values():
-            reply = self._call(self._release_many, [places[i][0] for i in group], [places[i][1] for i in group])
+            keys = [key for i in group for key in (places[i][0], *_line_keys(places[i][0]))]
+            reply, handed = self._call(self._release_many, keys, [places[i][1] for i in group])
             for i, answer in zip(group, reply, strict=True):
                 released[i] = bool(answer)
+            self.hand_over(handed)
         return released
 
     def replace(
@@ -361,11 +395,16 @@ class RedisBackend(LockBackend):
         )
         return _acquisition(reply)
 
-    def claim(self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder) -> str:
-        reply = self._call(
-            self._claim, [key, replaced_key], [owner, "release" if release else "run", holder.encode(owner)]
+    def claim(
+        self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder, starting: str = ""
+    ) -> str:
+        reply, handed = self._call(
+            self._claim,
+            [key, replaced_key, *_line_keys(key)],
+            [owner, "release" if release else "run", holder.encode(owner), starting],
         )
-        return {1: HELD, 0: LAPSED, -1: SUPERSEDED}[reply]
+        self.hand_over(handed)
+        return {1: HELD, 0: LAPSED, -1: SUPERSEDED, -3: STARTED_BEFORE}[reply]
 
     def swap(
         self,
@@ -378,13 +417,27 @@ class RedisBackend(LockBackend):
         limit: int,
         ttl: int | None,
         holder: Holder,
+        waiter: Waiter | None = None,
+        starting: str = "",
     ) -> Acquisition:
-        reply = self._call(
+        args = [release_owner, owner, limit, ttl or 0, holder.encode(owner), starting]
+        if waiter is not None:
+            args += ["start", *_waiter_args(waiter, holder, limit)]
+        reply, handed = self._call(
             self._swap,
-            [release_key, acquire_key, replaced_key],
-            [release_owner, owner, limit, ttl or 0, holder.encode(owner)],
+            [
+                release_key,
+                acquire_key,
+                replaced_key,
+                line_key(release_key),
+                line_key(acquire_key),
+                waiters_key(release_key),
+                served_key(release_key),
+            ],
+            args,
             refusal=self._refusal_keys(acquire_key),
         )
+        self.hand_over(handed)
         return _acquisition(reply)
 
     def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
@@ -558,7 +611,27 @@ class RedisBackend(LockBackend):
         return sorted(keys.values())
 
     def release_record(self, key: str, owner: str, record: str) -> bool:
-        return bool(self._call(self._release_record, [key], [owner, record]))
+        released, handed = self._call(self._release_record, [key, *_line_keys(key)], [owner, record])
+        self.hand_over(handed)
+        return bool(released)
+
+    def lines(self, keys: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.lrange(line_key(key), 0, -1)
+            answers = pipe.execute()
+        except _REDIS_ERRORS as e:
+            raise _backend_error(e) from e
+        return {key: tuple(map(_text, ids)) for key, ids in zip(keys, answers, strict=True) if ids}
+
+    def waiting_message(self, key: str, message_id: str) -> str | None:
+        try:
+            entry = self.client.hget(waiters_key(key), message_id)
+        except _REDIS_ERRORS as e:
+            raise _backend_error(e) from e
+        # Recorded after the number of places it waits for and its holder (holders.lua's waiters).
+        return None if entry is None else _text(entry).split("\n", 2)[2]
 
     def time(self) -> int:
         try:
@@ -579,7 +652,9 @@ class RedisBackend(LockBackend):
 
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
         args = [value for owner, record in records.items() for value in (owner, record)]
-        return [_text(owner) for owner in self._call(self._release_records, [key], args)]
+        released, handed = self._call(self._release_records, [key, *_line_keys(key)], args)
+        self.hand_over(handed)
+        return [_text(owner) for owner in released]
 
     def get_value(self, key: str) -> str | None:
         try:
@@ -857,12 +932,35 @@ def _slot_tags() -> tuple[str, ...]:
     return tuple(tags[slot] for slot in range(_SLOTS))
 
 
+def _line_keys(key: str) -> list[str]:
+    """The keys of the line of the lock at ``key`` (holders.lua's line_at); none for a key of
+    another kind (the reaper's leader lock, the healing lock), which has no line."""
+    if lock_kind(key) is None:
+        return []
+    return [line_key(key), waiters_key(key), served_key(key)]
+
+
+def _waiter_args(waiter: Waiter, holder: Holder, limit: int) -> list[Any]:
+    """The arguments of a script that puts a message in a line: its entry among the waiters
+    (the lock's limit, the place handed to it, recorded as queued, and the message), the line's
+    limit, and whether the newest keeps the last place of a full line."""
+    queued = dataclasses.replace(holder, state="queued", worker_id=None, redis_message_id=None)
+    entry = f"{limit}\n{queued.encode(holder.message_id)}\n{waiter.message}"
+    return [entry, waiter.line_limit, "1" if waiter.keeps_latest else ""]
+
+
 def _acquisition(reply: list[Any]) -> Acquisition:
     if reply[0] == -2:
         raise LockStoreHealing()
     if reply[0] == -1:
         return Acquisition(acquired=False, superseded=True)
+    if reply[0] == -3:
+        return Acquisition(acquired=False, started_before=True)
     strings = tuple(s.decode() if isinstance(s, bytes) else s for s in reply[1:])
+    if reply[0] == 3:
+        return Acquisition(acquired=False, waiting=int(reply[1]), displaced=strings[1] or None, holders=strings[2:])
+    if reply[0] == -4:
+        return Acquisition(acquired=False, line_full=True, holders=strings)
     if reply[0] == 1:
         replaced = strings[2] if len(strings) > 2 else None
         due_within = int(reply[4]) if len(reply) > 4 else None

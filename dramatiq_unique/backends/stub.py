@@ -10,10 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import LockStoreHealing
-from ..keys import debounce_key, digest_keys_start, epoch_key, lock_kind, prefix_of
+from ..keys import debounce_key, digest_keys_start, epoch_key, line_key, lock_kind, prefix_of, served_key, waiters_key
 from .base import (
     HELD,
     LAPSED,
+    SERVED_RETENTION,
+    STARTED_BEFORE,
     SUPERSEDED,
     Acquisition,
     EvictionRisk,
@@ -21,6 +23,7 @@ from .base import (
     LockBackend,
     LockRecord,
     MessagesInHand,
+    Waiter,
     format_record,
 )
 
@@ -42,6 +45,15 @@ class _Place:
 @dataclass
 class _Lock:
     places: dict[str, _Place] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    """A message that waits in a line, or was handed a place and has not started."""
+
+    limit: int
+    holder: Holder
+    message: str
 
 
 class StubBackend(LockBackend):
@@ -67,6 +79,12 @@ class StubBackend(LockBackend):
         #: The last token of each lock, kept after its last holder: tokens increase
         #: whatever this process's clock does.
         self._fences: dict[str, int] = {}
+        #: The lines: the key of each -> the message ids that wait, in order.
+        self._lines: dict[str, list[str]] = {}
+        #: The waiters of each digest: key -> message id -> what it waits with.
+        self._waiters: dict[str, dict[str, _Waiting]] = {}
+        #: The copies of messages that started after they waited, per digest: key -> copy -> when (ms).
+        self._served: dict[str, dict[str, int]] = {}
 
     def for_native_thread(self) -> StubBackend:
         """Itself: it holds no sockets."""
@@ -86,14 +104,51 @@ class StubBackend(LockBackend):
         holder: Holder,
         extend: int = 0,
         healing: bool = False,
+        waiter: Waiter | None = None,
+        starting: str | None = None,
     ) -> Acquisition:
+        handed: list[str] = []
         with self._mutex:
             refused = not healing and self._refusing(key)
-            return self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused)
+            if waiter is None:
+                return self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused)
+            acquisition = self._take_or_wait(
+                key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused,
+                waiter=waiter, starting=starting, handed=handed,
+            )  # fmt: skip
+        self.hand_over(handed)
+        return acquisition
 
     def release(self, key: str, owner: str) -> bool:
+        handed: list[str] = []
         with self._mutex:
-            return self._release(key, owner)
+            released = self._release(key, owner, handed)
+        self.hand_over(handed)
+        return released
+
+    def release_many(self, places: Sequence[tuple[str, str]]) -> list[bool]:
+        handed: list[str] = []
+        with self._mutex:
+            released = [self._release(key, owner, handed) for key, owner in places]
+        self.hand_over(handed)
+        return released
+
+    def record_handoff(self, key: str, owner: str, *, holder: Holder) -> Acquisition:
+        with self._mutex:
+            place = self._live(key, _now()).places.get(owner)
+            if place is None or place.holder.state != "queued":
+                return Acquisition(acquired=False)
+            place.holder = holder
+            return Acquisition(acquired=True, token=place.token, expires_at=place.expires_at)
+
+    def lines(self, keys: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        with self._mutex:
+            return {key: tuple(line) for key in keys if (line := self._lines.get(line_key(key)))}
+
+    def waiting_message(self, key: str, message_id: str) -> str | None:
+        with self._mutex:
+            waiting = self._waiters.get(waiters_key(key), {}).get(message_id)
+            return None if waiting is None else waiting.message
 
     def replace(
         self,
@@ -136,20 +191,44 @@ class StubBackend(LockBackend):
                     due_within = debounce_cap
             return dataclasses.replace(acquisition, replaced=victim, due_within=due_within)
 
-    def claim(self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder) -> str:
+    def claim(
+        self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder, starting: str = ""
+    ) -> str:
+        handed: list[str] = []
         with self._mutex:
-            if self._forget_replaced(replaced_key, owner):
-                self._release(key, owner)
-                return SUPERSEDED
-            lock = self._live(key, time.time_ns() // 1_000_000)
-            place = lock.places.get(owner)
-            if place is None:
-                return LAPSED
-            if release:
-                self._release(key, owner)
-            else:
-                place.holder = holder
-            return HELD
+            answer = self._claim(
+                key, owner, replaced_key=replaced_key, release=release, holder=holder, starting=starting, handed=handed
+            )
+        self.hand_over(handed)
+        return answer
+
+    def _claim(
+        self,
+        key: str,
+        owner: str,
+        *,
+        replaced_key: str,
+        release: bool,
+        holder: Holder,
+        starting: str,
+        handed: list[str],
+    ) -> str:
+        if self._forget_replaced(replaced_key, owner):
+            self._release(key, owner, handed)
+            return SUPERSEDED
+        if self._served_before(key, starting):
+            return STARTED_BEFORE
+        lock = self._live(key, time.time_ns() // 1_000_000)
+        place = lock.places.get(owner)
+        if place is None:
+            handed += self._hand_over(key)
+            return LAPSED
+        self._serve(key, owner, starting)
+        if release:
+            self._release(key, owner, handed)
+        else:
+            place.holder = holder
+        return HELD
 
     def swap(
         self,
@@ -162,18 +241,53 @@ class StubBackend(LockBackend):
         limit: int,
         ttl: int | None,
         holder: Holder,
+        waiter: Waiter | None = None,
+        starting: str = "",
     ) -> Acquisition:
+        handed: list[str] = []
         with self._mutex:
-            if self._forget_replaced(replaced_key, release_owner):
-                self._release(release_key, release_owner)
-                return Acquisition(acquired=False, superseded=True)
-            refused = self._refusing(acquire_key)
+            acquisition = self._swap(
+                release_key, release_owner, replaced_key, acquire_key, owner,
+                limit=limit, ttl=ttl, holder=holder, waiter=waiter, starting=starting, handed=handed,
+            )  # fmt: skip
+        self.hand_over(handed)
+        return acquisition
+
+    def _swap(
+        self,
+        release_key: str,
+        release_owner: str,
+        replaced_key: str,
+        acquire_key: str,
+        owner: str,
+        *,
+        limit: int,
+        ttl: int | None,
+        holder: Holder,
+        waiter: Waiter | None,
+        starting: str,
+        handed: list[str],
+    ) -> Acquisition:
+        if self._forget_replaced(replaced_key, release_owner):
+            self._release(release_key, release_owner, handed)
+            return Acquisition(acquired=False, superseded=True)
+        if self._served_before(release_key, starting):
+            return Acquisition(acquired=False, started_before=True)
+        refused = self._refusing(acquire_key)
+        if waiter is None:
             acquisition = self._acquire(
                 acquire_key, owner, limit=limit, ttl=ttl, holder=holder, extend=0, refused=refused
             )
-            if acquisition.acquired:
-                self._release(release_key, release_owner)
-            return acquisition
+        else:
+            acquisition = self._take_or_wait(
+                acquire_key, owner, limit=limit, ttl=ttl, holder=holder, extend=0, refused=refused,
+                waiter=waiter, starting=starting, handed=handed,
+            )  # fmt: skip
+        if acquisition.acquired:
+            self._serve(release_key, release_owner, starting)
+        if acquisition.acquired or acquisition.waiting:
+            self._release(release_key, release_owner, handed, stays_waiting=bool(acquisition.waiting))
+        return acquisition
 
     def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
         with self._mutex:
@@ -231,12 +345,7 @@ class StubBackend(LockBackend):
             return ("0" if len(keys) < count else "k:" + keys[-1]), records
 
     def release_record(self, key: str, owner: str, record: str) -> bool:
-        with self._mutex:
-            lock = self._live(key, _now())
-            place = lock.places.get(owner)
-            if place is None or place.record(owner) != record:
-                return False
-            return self._release(key, owner)
+        return bool(self.release_records(key, {owner: record}))
 
     def time(self) -> int:
         return _now()
@@ -253,14 +362,17 @@ class StubBackend(LockBackend):
             return now, records
 
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
+        handed: list[str] = []
         with self._mutex:
             places = self._live(key, _now()).places
             freed = [
                 owner for owner, record in records.items() if owner in places and places[owner].record(owner) == record
             ]
             for owner in freed:
-                self._release(key, owner)
-            return freed
+                self._release(key, owner, handed)
+            handed += self._hand_over(key)
+        self.hand_over(handed)
+        return freed
 
     def get_value(self, key: str) -> str | None:
         with self._mutex:
@@ -321,6 +433,9 @@ class StubBackend(LockBackend):
             self._values.clear()
             self._fences.clear()
             self._counts.clear()
+            self._lines.clear()
+            self._waiters.clear()
+            self._served.clear()
 
     def _refusing(self, key: str) -> bool:
         prefix = prefix_of(key)
@@ -363,12 +478,108 @@ class StubBackend(LockBackend):
         self._locks[key] = lock
         return Acquisition(acquired=True, token=token, expires_at=expires_at)
 
-    def _release(self, key: str, owner: str) -> bool:
+    def _release(self, key: str, owner: str, handed: list[str], *, stays_waiting: bool = False) -> bool:
+        """Give up ``owner``'s place, and hand the free places to the line (adding the messages
+        handed a place to ``handed``); its message leaves the waiters unless it ``stays_waiting``."""
         lock = self._live(key, time.time_ns() // 1_000_000)
-        removed = lock.places.pop(owner, None) is not None
+        place = lock.places.pop(owner, None)
+        if place is not None and not stays_waiting:
+            self._waiters.get(waiters_key(key), {}).pop(place.holder.message_id, None)
+        handed += self._hand_over(key)
         if not lock.places:
             self._locks.pop(key, None)
-        return removed
+        return place is not None
+
+    # Lines, as holders.lua keeps them --------------------------------------------------
+
+    def _hand_over(self, key: str) -> list[str]:
+        lock = self._live(key, _now())
+        line, waiters = self._lines.get(line_key(key), []), self._waiters.get(waiters_key(key), {})
+        handed = []
+        while line:
+            head = line[0]
+            waiting = waiters.get(head)
+            if waiting is not None and head not in lock.places:
+                if len(lock.places) >= waiting.limit:
+                    break
+                now_us = time.time_ns() // 1000
+                token = self._fences[key] = max(self._fences.get(key, 0) + 1, now_us)
+                lock.places[head] = _Place(
+                    holder=waiting.holder, token=token, acquired_at=now_us // 1000, expires_at=None
+                )
+                self._locks[key] = lock
+                handed.append(waiting.message)
+            line.pop(0)
+        return handed
+
+    def _served_before(self, key: str, copy: str) -> bool:
+        served = self._served.get(served_key(key), {})
+        return bool(copy) and served.get(copy, 0) > _now() - SERVED_RETENTION
+
+    def _serve(self, key: str, message_id: str, copy: str) -> None:
+        if self._waiters.get(waiters_key(key), {}).pop(message_id, None) is not None and copy:
+            now = _now()
+            served = self._served.setdefault(served_key(key), {})
+            for old in [c for c, at in served.items() if at <= now - SERVED_RETENTION]:
+                del served[old]
+            served[copy] = now
+
+    def _take_or_wait(
+        self,
+        key: str,
+        owner: str,
+        *,
+        limit: int,
+        ttl: int | None,
+        holder: Holder,
+        extend: int,
+        refused: bool,
+        waiter: Waiter,
+        starting: str | None,
+        handed: list[str],
+    ) -> Acquisition:
+        """As holders.lua's take_or_wait."""
+        handed += self._hand_over(key)
+        lock = self._live(key, _now())
+        line_of = line_key(key)
+        line, waiters = self._lines.setdefault(line_of, []), self._waiters.setdefault(waiters_key(key), {})
+        message_id = holder.message_id
+        reserved = False
+        if starting is not None:
+            if self._served_before(key, starting):
+                return Acquisition(acquired=False, started_before=True)
+            place = lock.places.get(message_id)
+            if place is not None and owner != message_id and place.holder.state == "queued":
+                del lock.places[message_id]
+                reserved = True
+        if not reserved and owner not in lock.places and message_id in waiters and message_id in line:
+            return Acquisition(acquired=False, waiting=line.index(message_id) + 1)
+        if not reserved and owner not in lock.places and line:
+            acquisition = Acquisition(acquired=False, holders=tuple(p.holder.message_id for p in lock.places.values()))
+        else:
+            acquisition = self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused)
+        if acquisition.acquired:
+            if starting is not None:
+                self._serve(key, message_id, starting)
+            return acquisition
+        if message_id in acquisition.holders:
+            return acquisition
+        entry = _Waiting(
+            limit=limit,
+            holder=dataclasses.replace(holder, state="queued", worker_id=None, redis_message_id=None),
+            message=waiter.message,
+        )
+        if len(line) < waiter.line_limit:
+            line.append(message_id)
+            waiters[message_id] = entry
+            return Acquisition(acquired=False, waiting=len(line), holders=acquisition.holders)
+        if waiter.keeps_latest and line:
+            displaced = line[-1]
+            waiters.pop(displaced, None)
+            line[-1] = message_id
+            waiters[message_id] = entry
+            return Acquisition(acquired=False, waiting=len(line), displaced=displaced, holders=acquisition.holders)
+        return Acquisition(acquired=False, line_full=True, holders=acquisition.holders)
 
     def _live(self, key: str, now: int) -> _Lock:
         lock = self._locks.get(key) or _Lock()

@@ -6,10 +6,11 @@ from .raise_ import Raise
 from .reject import Reject
 from .replace import Replace
 from .reschedule import Reschedule
+from .wait import KeepLatest, Wait
 
 #: Every conflict strategy, by the name given to ``@dramatiq.actor(on_conflict=...)``.
 STRATEGIES: dict[str, ConflictStrategy] = {
-    strategy.name: strategy for strategy in (Log(), Raise(), Reject(), Replace(), Reschedule())
+    strategy.name: strategy for strategy in (Log(), Raise(), Reject(), Replace(), Reschedule(), Wait(), KeepLatest())
 }
 
 
@@ -32,10 +33,12 @@ __all__ = [
     "STRATEGIES",
     "Conflict",
     "ConflictStrategy",
+    "KeepLatest",
     "Log",
     "Raise",
     "Reject",
     "Replace",
     "Reschedule",
+    "Wait",
     "register_strategy",
 ]

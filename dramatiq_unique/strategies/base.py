@@ -109,6 +109,11 @@ class ConflictStrategy:
     #: enqueues (a due delayed message, a pipeline's next step) nobody would
     #: see the error, so the duplicate is rescheduled instead.
     fails_send: ClassVar[bool] = False
+    #: Whether the duplicate waits in the lock's line, to be enqueued when a place frees up.
+    #: The strategy's conflict methods then deal with a duplicate that cannot wait.
+    waits_in_line: ClassVar[bool] = False
+    #: Whether the line holds one message, whose place the newest takes (``keep_latest``).
+    keeps_latest: ClassVar[bool] = False
 
     def on_client_conflict(self, conflict: Conflict) -> None:
         """Resolve a conflict found when the duplicate was sent."""

@@ -266,9 +266,9 @@ end
 -- Returns {1, token, expires_at or 0}, {0, message_id of each holder} when
 -- the other holders fill every place or the holder's message has a place already,
 -- or {-2} when the place would be new and new places are `refused` (new_places_refused).
-local function acquire(key, owner, limit, ttl, extend, holder, refused)
+-- `holders` and `count` are the lock's live holders (live_holders), updated here.
+local function take_place(key, owner, limit, ttl, extend, holder, refused, holders, count)
   local now, now_us = clock()
-  local holders, count = live_holders(key)
   local expires_at = nil
   if ttl > 0 then expires_at = now + ttl + extend end
 
@@ -289,7 +289,6 @@ local function acquire(key, owner, limit, ttl, extend, holder, refused)
         local _, _, _, held = parse(record)
         table.insert(reply, message_id(holder_owner, held))
       end
-      expire_with_holders(key, holders, count)
       return reply
     end
     if count > 0 then
@@ -299,13 +298,11 @@ local function acquire(key, owner, limit, ttl, extend, holder, refused)
       for holder_owner, record in pairs(holders) do
         local _, _, _, held = parse(record)
         if message_id(holder_owner, held) == id then
-          expire_with_holders(key, holders, count)
           return {0, id}
         end
       end
     end
     if refused then
-      expire_with_holders(key, holders, count)
       return {-2}
     end
     -- Tokens follow the server clock in microseconds, so they keep
@@ -319,20 +316,187 @@ local function acquire(key, owner, limit, ttl, extend, holder, refused)
   local record = format_record(expires_at, token, acquired_at, share_names(key, count - 1, holder))
   write_holder(key, owner, record)
   holders[owner] = record
-  expire_with_holders(key, holders, count)
-  return {1, token, expires_at or 0}
+  return {1, token, expires_at or 0}, count
 end
 
--- Gives up `owner`'s place; returns 1, or 0 when it held none (a lapsed place
--- that no script dropped yet counts as none).
-local function release(key, owner)
+local function acquire(key, owner, limit, ttl, extend, holder, refused)
+  local holders, count = live_holders(key)
+  local reply, taken = take_place(key, owner, limit, ttl, extend, holder, refused, holders, count)
+  expire_with_holders(key, holders, taken or count)
+  return reply
+end
+
+-- Whether a holder's place is recorded as queued: in a run lock, only a place its line handed.
+local function queued(record)
+  local _, _, _, holder = parse(record)
+  if string.byte(holder) == JSON then return string.find(holder, '"state":"queued"', 1, true) ~= nil end
+  return string.byte(holder) == 113 -- "q"
+end
+
+-- Lines (on_conflict "wait" and "keep_latest"). A lock's line is a LIST of the ids of the
+-- messages that wait for one of its places, in the order they came. The digest's waiters
+-- HASH holds each of them: id -> "<limit>\n<holder>\n<message>", the number of places of the
+-- lock it waits for, the holder to record for it and the message itself, encoded. The script
+-- that frees a place hands it to the head of the line, recorded as queued and never lapsing,
+-- with the message id for owner, and answers the message, which its caller enqueues. The
+-- message stays among the waiters until it starts, so that the orphan reaper can enqueue it
+-- again if it went missing on its way. When it starts, its copy ("<id>:<retries>") is kept in
+-- the digest's served ZSET for SERVED_RETENTION ms: a second copy of it never runs.
+
+-- A lock's line: the keys of its list, of the digest's waiters and of its served copies (nil: none).
+local function line_at(list, waiters, served)
+  if not list then return nil end
+  return {list = list, waiters = waiters, served = served}
+end
+
+local function parse_waiter(entry)
+  local first = string.find(entry, "\n", 1, true)
+  local second = string.find(entry, "\n", first + 1, true)
+  return tonumber(string.sub(entry, 1, first - 1)), string.sub(entry, first + 1, second - 1),
+    string.sub(entry, second + 1)
+end
+
+-- Hands the free places of the lock to the head of its line, in order. Returns the messages
+-- handed a place, and the lock's new count of holders.
+local function hand_over(key, line, holders, count)
+  local handed = {}
+  if not line then return handed, count end
+  while true do
+    local head = redis.call("LINDEX", line.list, 0)
+    if not head then break end
+    local entry = redis.call("HGET", line.waiters, head)
+    -- A waiter that was let go (an operator freed it) or that holds a place already leaves.
+    if entry and not holders[head] then
+      local limit, holder, message = parse_waiter(entry)
+      if count >= limit then break end
+      local now, now_us = clock()
+      local token = math.max(last_token(key) + 1, now_us)
+      write_lock_field(key, FENCE, string.format("%d", token))
+      local record = format_record(nil, token, now, share_names(key, count, holder))
+      write_holder(key, head, record)
+      holders[head] = record
+      count = count + 1
+      table.insert(handed, message)
+    end
+    redis.call("LPOP", line.list)
+  end
+  return handed, count
+end
+
+-- Whether the copy `copy` of a message started before: a second copy must not run.
+local function served_before(line, copy)
+  return line ~= nil and copy ~= "" and redis.call("ZSCORE", line.served, copy) ~= false
+end
+
+-- Message `id` starts as its copy `copy`: it leaves the waiters, if it was one.
+local function serve(line, id, copy)
+  if line and redis.call("HDEL", line.waiters, id) == 1 and copy ~= "" then
+    local now = clock()
+    redis.call("ZREMRANGEBYSCORE", line.served, "-inf", now - SERVED_RETENTION)
+    redis.call("ZADD", line.served, now, copy)
+    redis.call("PEXPIRE", line.served, SERVED_RETENTION)
+  end
+end
+
+-- Puts message `id` at the end of the lock's line. Returns {3, its place in the line, the id
+-- of the waiter whose place it took when the line was full and the newest `keeps_latest`
+-- (else "")}, or {-4} when the line is full.
+local function join(line, id, entry, line_limit, keeps_latest)
+  local size = redis.call("LLEN", line.list)
+  if size < line_limit then
+    redis.call("RPUSH", line.list, id)
+    redis.call("HSET", line.waiters, id, entry)
+    return {3, size + 1, ""}
+  end
+  if keeps_latest and size > 0 then
+    local last = redis.call("LINDEX", line.list, -1)
+    redis.call("HDEL", line.waiters, last)
+    redis.call("LSET", line.list, -1, id)
+    redis.call("HSET", line.waiters, id, entry)
+    return {3, size, last}
+  end
+  return {-4}
+end
+
+-- Takes a place for `owner` as take_place does, or puts its message in the lock's line when
+-- every place is taken or others wait already. `mode` is "send" for a message sent, "start"
+-- for one that starts: that one takes the place its line handed it, and a second copy of a
+-- message that started is answered {-3}. A message that waits already is answered its place in
+-- the line. A conflict names the holders after join's reply (a full line: {-4, holders}); a
+-- message meeting a place of its own (a redelivery meeting its earlier attempt) never joins.
+-- Returns the reply, the messages handed a place, and the lock's holders and their count.
+local function take_or_wait(key, line, owner, limit, ttl, extend, holder, refused, mode, copy, entry, line_limit,
+                            keeps_latest)
+  local id = message_id(owner, holder)
+  local holders, count = live_holders(key)
+  local handed
+  handed, count = hand_over(key, line, holders, count)
+  local reserved = false
+  if mode == "start" then
+    if served_before(line, copy) then return {-3}, handed, holders, count end
+    local place = holders[id]
+    if place and owner ~= id and queued(place) then
+      -- The place its line handed this message: the message takes it as its own.
+      write_holder(key, id, false)
+      holders[id] = nil
+      count, reserved = count - 1, true
+    end
+  end
+  if not reserved and not holders[owner] and redis.call("HEXISTS", line.waiters, id) == 1 then
+    local at = redis.call("LPOS", line.list, id)
+    if at then return {3, at + 1, ""}, handed, holders, count end
+  end
+  local reply
+  if not reserved and not holders[owner] and redis.call("LLEN", line.list) > 0 then
+    reply = {0} -- those in line come first
+    for holder_owner, record in pairs(holders) do
+      local _, _, _, held = parse(record)
+      table.insert(reply, message_id(holder_owner, held))
+    end
+  else
+    local taken
+    reply, taken = take_place(key, owner, limit, ttl, extend, holder, refused, holders, count)
+    count = taken or count
+  end
+  if reply[1] == 0 then
+    local own = false
+    for i = 2, #reply do
+      if reply[i] == id then own = true end
+    end
+    if not own then
+      local joined = join(line, id, entry, line_limit, keeps_latest)
+      for i = 2, #reply do table.insert(joined, reply[i]) end
+      reply = joined
+    end
+  elseif reply[1] == 1 and mode == "start" then
+    serve(line, id, copy)
+  end
+  return reply, handed, holders, count
+end
+
+-- Gives up `owner`'s place and hands the free places to the line. Its message leaves the
+-- waiters too, unless it `stays_waiting` (it joined another line). Returns 1, or 0 when it
+-- held none (a lapsed place that no script dropped yet counts as none), and the messages
+-- handed a place.
+local function release_place(key, line, owner, stays_waiting)
   local holders, count = live_holders(key)
   local removed = 0
-  if holders[owner] then
+  local record = holders[owner]
+  if record then
     write_holder(key, owner, false)
     holders[owner] = nil
     count, removed = count - 1, 1
+    if line and not stays_waiting then
+      local _, _, _, held = parse(record)
+      redis.call("HDEL", line.waiters, message_id(owner, held))
+    end
   end
+  local handed
+  handed, count = hand_over(key, line, holders, count)
   expire_with_holders(key, holders, count)
-  return removed
+  return removed, handed
+end
+
+local function release(key, owner)
+  return (release_place(key, nil, owner))
 end

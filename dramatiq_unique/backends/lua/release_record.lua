@@ -1,12 +1,19 @@
 -- Gives up `owner`'s place only while it is still exactly `record`: the orphan
 -- reaper never frees a place that was renewed or re-taken after it read it.
--- KEYS[1]: the lock. ARGV: owner, record. Returns 1, or 0 when the place changed or went.
-local holders, count = live_holders(KEYS[1])
+-- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at). ARGV: owner, record.
+-- Returns {1, or 0 when the place changed or went; the messages the line was handed}.
+local key, line = KEYS[1], line_at(KEYS[2], KEYS[3], KEYS[4])
+local holders, count = live_holders(key)
 local removed = 0
-if holders[ARGV[1]] == ARGV[2] then
-  write_holder(KEYS[1], ARGV[1], false)
+local record = holders[ARGV[1]]
+if record == ARGV[2] then
+  write_holder(key, ARGV[1], false)
   holders[ARGV[1]] = nil
   count, removed = count - 1, 1
+  local _, _, _, held = parse(record)
+  redis.call("HDEL", line.waiters, message_id(ARGV[1], held))
 end
-expire_with_holders(KEYS[1], holders, count)
-return removed
+local handed
+handed, count = hand_over(key, line, holders, count)
+expire_with_holders(key, holders, count)
+return {removed, handed}

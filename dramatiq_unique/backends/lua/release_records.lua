@@ -1,18 +1,25 @@
 -- Gives up, at once, the place of each owner that is still exactly the record read: an
 -- unlock frees the holders it showed, never one that renewed or took the lock since. A
 -- re-entry that left its record as it was (no new expiry, no new broker id) cannot be told
--- apart. The fence stays, so tokens keep increasing.
--- KEYS[1]: the lock. ARGV: owner, record, owner, record, ... Returns the owners freed.
-local holders, count = live_holders(KEYS[1])
+-- apart. The fence stays, so tokens keep increasing. A message freed leaves the waiters, and
+-- the places freed go to the line.
+-- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at).
+-- ARGV: owner, record, owner, record, ... Returns {the owners freed, the messages the line was handed}.
+local key, line = KEYS[1], line_at(KEYS[2], KEYS[3], KEYS[4])
+local holders, count = live_holders(key)
 local removed = {}
 for i = 1, #ARGV, 2 do
-  local owner = ARGV[i]
-  if holders[owner] == ARGV[i + 1] then
-    write_holder(KEYS[1], owner, false)
+  local owner, record = ARGV[i], holders[ARGV[i]]
+  if record == ARGV[i + 1] then
+    write_holder(key, owner, false)
     holders[owner] = nil
     count = count - 1
     table.insert(removed, owner)
+    local _, _, _, held = parse(record)
+    redis.call("HDEL", line.waiters, message_id(owner, held))
   end
 end
-expire_with_holders(KEYS[1], holders, count)
-return removed
+local handed
+handed, count = hand_over(key, line, holders, count)
+expire_with_holders(key, holders, count)
+return {removed, handed}

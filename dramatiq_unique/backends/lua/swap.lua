@@ -1,18 +1,38 @@
 -- Takes a place in the run lock and, only if that worked, gives up the
 -- enqueue lock's place, in one step (until_and_while_executing).
--- KEYS[1]: the enqueue lock, KEYS[2]: the run lock, KEYS[3]: the replaced set
--- (one digest, one hash slot); KEYS[4], KEYS[5]: the refusal and the mark
--- (new_places_refused), or none.
--- ARGV: enqueue owner, run owner, limit, ttl in ms (0: never lapses), holder.
--- Returns acquire's reply, or {-1} when a newer message took the enqueue owner's place:
--- then any place it took again since (a delayed copy or a retry coming due) is given up.
+-- KEYS[1]: the enqueue lock, KEYS[2]: the run lock, KEYS[3]: the replaced set; KEYS[4], KEYS[5]:
+-- the lists of their lines, KEYS[6], KEYS[7]: the digest's waiters and served copies (line_at);
+-- one digest, one hash slot. KEYS[8], KEYS[9]: the refusal and the mark (new_places_refused), or none.
+-- ARGV: enqueue owner, run owner, limit, ttl in ms (0: never lapses), holder, the message's copy
+-- (served_before), and when the message waits in the run lock's line if every place is taken:
+-- "start", its waiter entry, the line limit, "1" when the newest keeps the last place of a full line.
+-- Returns {acquire's or take_or_wait's reply, or {-1} when a newer message took the enqueue
+-- owner's place (then any place it took again since, a delayed copy or a retry coming due, is
+-- given up), or {-3} when this copy of a message handed a place by a line started before; the
+-- messages the lines were handed}. A message that runs, or waits in the run lock's line, left
+-- its queue: it gives up its enqueue place.
+local enqueue_line = line_at(KEYS[4], KEYS[6], KEYS[7])
 if redis.call("SREM", KEYS[3], ARGV[1]) == 1 then
-  release(KEYS[1], ARGV[1])
-  return {-1}
+  local _, handed = release_place(KEYS[1], enqueue_line, ARGV[1], false)
+  return {{-1}, handed}
 end
-local refused = new_places_refused(KEYS[4], KEYS[5])
-local reply = acquire(KEYS[2], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), 0, ARGV[5], refused)
-if reply[1] == 1 then
-  release(KEYS[1], ARGV[1])
+if served_before(enqueue_line, ARGV[6]) then return {{-3}, {}} end
+local refused = new_places_refused(KEYS[8], KEYS[9])
+local reply, handed, holders, count
+if ARGV[7] == "start" then
+  reply, handed, holders, count = take_or_wait(
+    KEYS[2], line_at(KEYS[5], KEYS[6], KEYS[7]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), 0, ARGV[5],
+    refused, "start", ARGV[6], ARGV[8], tonumber(ARGV[9]), ARGV[10] == "1")
+else
+  local taken
+  holders, count = live_holders(KEYS[2])
+  reply, taken = take_place(KEYS[2], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), 0, ARGV[5], refused, holders, count)
+  count, handed = taken or count, {}
 end
-return reply
+expire_with_holders(KEYS[2], holders, count)
+if reply[1] == 1 then serve(enqueue_line, ARGV[1], ARGV[6]) end
+if reply[1] == 1 or reply[1] == 3 then
+  local _, more = release_place(KEYS[1], enqueue_line, ARGV[1], reply[1] == 3)
+  for _, message in ipairs(more) do table.insert(handed, message) end
+end
+return {reply, handed}

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from .base import Conflict, ConflictStrategy
+from .reject import Reject
+
+
+class Wait(ConflictStrategy):
+    """Wait in line: the duplicate waits in the lock's line, in the order the
+    duplicates came, and is enqueued the moment a place frees up, by the step
+    that frees it. On the client ``send()`` returns normally with status
+    ``"waiting"``; in the worker the message leaves its queue for the line.
+
+    At most ``line_limit`` messages wait; a duplicate that finds the line full
+    goes to the dead-letter queue, as with ``reject``.
+    """
+
+    name = "wait"
+    waits_in_line = True
+
+    def on_client_conflict(self, conflict: Conflict) -> None:
+        Reject().on_client_conflict(conflict)
+
+    def on_server_conflict(self, conflict: Conflict) -> None:
+        Reject().on_server_conflict(conflict)
+
+    def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
+        return "wait in line, to be enqueued when a place frees up (the dead-letter queue when the line is full)"
+
+
+class KeepLatest(Wait):
+    """Keep the latest: one duplicate waits as the successor of the holders,
+    and a newer one takes its place, so the successor always has the latest
+    arguments. It is enqueued when a place frees up; the one it replaced is
+    dropped (its ``send()`` returned ``"waiting"``).
+    """
+
+    name = "keep_latest"
+    keeps_latest = True
+
+    def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
+        return "wait as the one successor, to be enqueued when a place frees up (a newer one takes its place)"

@@ -1,0 +1,298 @@
+"""Waiting in line (on_conflict="wait") and keeping the latest (on_conflict="keep_latest") with
+real Workers on StubBroker, RedisBroker and RabbitmqBroker (issue 21).
+
+What a user notices is recorded independently of the library: each run's key, payload and its
+start and end on one clock, under a mutex; what send() returned; what is in the dead-letter queue.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from dramatiq_unique import Locks, enqueue_outcome
+from dramatiq_unique.presentation import describe_lock, lock_table
+
+from .support import Gate, wait_for
+
+#: Long enough that a waiter that polled (``reschedule``) would show: every handoff is far shorter.
+POLLING_DELAY = 60_000
+
+
+class Runs:
+    """Each run of an actor: key, payload, and when it started and ended (monotonic s)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self.starts: list[tuple[Any, Any, float]] = []
+        self.ends: list[tuple[Any, Any, float]] = []
+
+    def run(self, key: Any, payload: Any, seconds: float = 0.002) -> None:
+        with self._mutex:
+            self.starts.append((key, payload, time.monotonic()))
+        time.sleep(seconds)
+        with self._mutex:
+            self.ends.append((key, payload, time.monotonic()))
+
+    def of(self, key: Any) -> list[tuple[Any, float, float]]:
+        """The runs of ``key`` in the order they started: payload, start, end."""
+        ends = {(k, p): t for k, p, t in self.ends}
+        started = sorted(self.starts, key=lambda run: run[2])
+        return [(p, t, ends.get((k, p), float("inf"))) for k, p, t in started if k == key]
+
+
+def assert_one_at_a_time(runs: list[tuple[Any, float, float]]) -> list[float]:
+    """Each run of a key started after the one before it ended; returns the handoff gaps (s)."""
+    gaps = [start - previous_end for (_, _, previous_end), (_, start, _) in zip(runs, runs[1:], strict=False)]
+    assert all(gap >= 0 for gap in gaps), gaps
+    return gaps
+
+
+def send_in_line(env, keys: int, per_key: int, **options: Any):
+    runs = Runs()
+
+    @env.actor(
+        lock="until_executed",
+        on_conflict="wait",
+        reschedule_delay=POLLING_DELAY,
+        lock_args_method=lambda key, seq: [key],
+        **options,
+    )
+    def update(key, seq):
+        runs.run(key, seq)
+
+    outcomes = {(key, seq): enqueue_outcome(update.send(key, seq)) for seq in range(per_key) for key in range(keys)}
+    return update, runs, outcomes
+
+
+def check_line(env, update, runs: Runs, outcomes, keys: int, per_key: int) -> None:
+    for key in range(keys):
+        assert outcomes[(key, 0)].status == "enqueued"
+        assert [outcomes[(key, seq)].status for seq in range(1, per_key)] == ["waiting"] * (per_key - 1)
+        assert [outcomes[(key, seq)].position for seq in range(1, per_key)] == list(range(1, per_key))
+    env.worker(threads=4)
+    wait_for(lambda: len(runs.ends) == keys * per_key, timeout=60)
+    env.join(update)
+    gaps = []
+    for key in range(keys):
+        of_key = runs.of(key)
+        assert [payload for payload, _, _ in of_key] == list(range(per_key))  # once each, in send order
+        gaps += assert_one_at_a_time(of_key)
+    # A waiter is enqueued by the step that frees the place, never after reschedule_delay.
+    assert max(gaps) < POLLING_DELAY / 1000 / 6, max(gaps)
+    print(f"handoff: median {statistics.median(gaps) * 1000:.1f} ms, max {max(gaps) * 1000:.1f} ms")
+
+
+def test_200_messages_on_5_keys_wait_in_line_and_run_once_each_in_send_order(env):
+    update, runs, outcomes = send_in_line(env, keys=5, per_key=40)
+    check_line(env, update, runs, outcomes, keys=5, per_key=40)
+
+
+def test_200_messages_on_5_keys_wait_in_line_on_rabbitmq(rabbitmq_env):
+    update, runs, outcomes = send_in_line(rabbitmq_env, keys=5, per_key=40)
+    check_line(rabbitmq_env, update, runs, outcomes, keys=5, per_key=40)
+
+
+# until_and_while_executing waits in both lines: for the enqueue lock at send, for the run lock at start.
+@pytest.mark.parametrize(
+    ("lock", "on_conflict"), [("while_executing", {"server": "wait"}), ("until_and_while_executing", "wait")]
+)
+def test_messages_that_meet_a_running_one_wait_in_line_in_the_worker(env, lock, on_conflict):
+    runs, gate = Runs(), Gate()
+
+    @env.actor(
+        lock=lock,
+        on_conflict=on_conflict,
+        reschedule_delay=POLLING_DELAY,
+        lock_args_method=lambda key, seq: [key],
+    )
+    def sync(key, seq):
+        if seq == 0:
+            gate.enter(key)
+        runs.run(key, seq)
+
+    for seq in range(8):
+        for key in range(3):
+            sync.send(key, seq)
+    env.worker(threads=4)
+    wait_for(lambda: len(gate.runs) == 3)
+    gate.open()
+    wait_for(lambda: len(runs.ends) == 24, timeout=30)
+    env.join(sync)
+    for key in range(3):
+        of_key = runs.of(key)
+        assert sorted(payload for payload, _, _ in of_key) == list(range(8))
+        assert max(assert_one_at_a_time(of_key)) < POLLING_DELAY / 1000 / 6
+    assert not env.dead_letters(sync)
+
+
+def test_lock_limit_runs_that_many_at_once_and_the_rest_wait_in_order(env):
+    runs, running, most = Runs(), [0], [0]
+    mutex = threading.Lock()
+
+    @env.actor(lock="until_executed", on_conflict="wait", lock_limit=2, lock_args_method=lambda seq: [])
+    def render(seq):
+        with mutex:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        runs.run("all", seq, seconds=0.02)
+        with mutex:
+            running[0] -= 1
+
+    statuses = [enqueue_outcome(render.send(seq)).status for seq in range(12)]
+    assert statuses == ["enqueued"] * 2 + ["waiting"] * 10
+    env.worker(threads=6)
+    wait_for(lambda: len(runs.ends) == 12, timeout=30)
+    env.join(render)
+    assert most[0] == 2
+    started = [payload for payload, _, _ in runs.of("all")]
+    assert sorted(started) == list(range(12))
+    # Handed over two at a time, in line order: each waiter starts before those two places behind it.
+    assert all(started.index(seq) < started.index(seq + 2) for seq in range(2, 10))
+
+
+def test_a_full_line_sends_the_newcomer_to_the_dead_letter_queue(env):
+    gate = Gate()
+
+    @env.actor(lock="until_executed", on_conflict="wait", line_limit=2, lock_args_method=lambda seq: [])
+    def export(seq):
+        gate.enter(seq)
+
+    statuses = [enqueue_outcome(export.send(seq)).status for seq in range(5)]
+    assert statuses == ["enqueued", "waiting", "waiting", "rejected", "rejected"]
+    env.worker(threads=2)
+    wait_for(lambda: len(gate.runs) == 1)
+    gate.open()
+    wait_for(lambda: len(gate.runs) == 3)
+    env.join(export)
+    assert gate.runs == [0, 1, 2]
+    assert sorted(m.args[0] for m in env.dead_letters(export)) == [3, 4]
+
+
+def send_updates_while_one_runs(env, updates: int):
+    gate, payloads = Gate(), []
+
+    @env.actor(lock="until_executed", on_conflict="keep_latest", lock_args_method=lambda profile, version: [profile])
+    def push_profile(profile, version):
+        payloads.append(version)
+        gate.enter(profile)
+
+    assert enqueue_outcome(push_profile.send(7, 0)).status == "enqueued"
+    env.worker(threads=2)
+    wait_for(lambda: payloads == [0])  # the first push runs
+    outcomes = [enqueue_outcome(push_profile.send(7, version)) for version in range(1, updates + 1)]
+    return push_profile, gate, payloads, outcomes
+
+
+def check_latest(env, push_profile, gate, payloads, outcomes, updates: int) -> None:
+    assert [o.status for o in outcomes] == ["waiting"] * updates
+    assert all(o.position == 1 for o in outcomes)
+    # Each update took the place of the one before it.
+    ids = [o.holder for o in outcomes]
+    assert ids[0] and outcomes[0].replaced is None and all(o.replaced for o in outcomes[1:])
+    gate.open()
+    wait_for(lambda: len(payloads) == 2)
+    env.join(push_profile)
+    time.sleep(0.2)
+    assert payloads == [0, updates]  # exactly one more run, with the latest payload
+    assert gate.max_running == {7: 1}
+
+
+def test_keep_latest_runs_once_more_with_the_last_of_50_updates(env):
+    push_profile, gate, payloads, outcomes = send_updates_while_one_runs(env, 50)
+    check_latest(env, push_profile, gate, payloads, outcomes, 50)
+
+
+def test_keep_latest_on_rabbitmq(rabbitmq_env):
+    push_profile, gate, payloads, outcomes = send_updates_while_one_runs(rabbitmq_env, 50)
+    check_latest(rabbitmq_env, push_profile, gate, payloads, outcomes, 50)
+
+
+def test_a_line_survives_a_failure_of_the_holder(env):
+    # The holder fails for good (no retries): its place goes to the next in line all the same.
+    runs = Runs()
+
+    @env.actor(lock="until_executed", on_conflict="wait", max_retries=0, lock_args_method=lambda seq: [])
+    def flaky(seq):
+        runs.run("all", seq)
+        if seq == 0:
+            raise RuntimeError("boom")
+
+    for seq in range(3):
+        flaky.send(seq)
+    env.worker(threads=2)
+    wait_for(lambda: len(runs.ends) == 3)
+    env.join(flaky)
+    assert [payload for payload, _, _ in runs.of("all")] == [0, 1, 2]
+    assert [m.args[0] for m in env.dead_letters(flaky)] == [0]
+
+
+@pytest.mark.parametrize(("lock", "on_conflict"), [("until_executed", "wait"), ("while_executing", "wait")])
+def test_a_handoff_lost_with_its_process_is_enqueued_again_by_the_reaper_and_runs_once(env, lock, on_conflict):
+    # The process that freed the place dies before it enqueues the waiter: here, nobody enqueues
+    # what the line hands over. The reaper finds the place whose message never reached the
+    # broker and enqueues it again; a second copy of it (the dying process did enqueue it after
+    # all) is skipped.
+    gate, payloads = Gate(), []
+
+    @env.actor(lock=lock, on_conflict=on_conflict, reschedule_delay=POLLING_DELAY, lock_args_method=lambda seq: [])
+    def export(seq):
+        payloads.append(seq)
+        gate.enter(seq)
+
+    handoffs = env.backend.handoffs
+    handed: list[str] = []
+    env.backend.handoffs = handed.extend  # the process dies before it enqueues them
+    digest = enqueue_outcome(export.send(0)).digest
+    export.send(1)
+    env.worker(threads=2)
+    # One runs; the other waits in line (in the worker, either may come first).
+    wait_for(lambda: len(payloads) == 1 and (lock != "while_executing" or len(env.seen.skipped) == 1))
+    gate.open()
+    wait_for(lambda: len(handed) == 1)
+    env.join(export)
+    assert len(payloads) == 1
+    env.backend.handoffs = handoffs
+
+    reaper = env.middleware.reaper
+    reaper.min_age = 0
+    report = reaper.run(broker=env.broker)
+    assert report.enqueued_again == 1 and report.released == 0
+    wait_for(lambda: sorted(payloads) == [0, 1])
+    handoffs(handed)  # the copy the dying process enqueued after all
+    env.join(export)
+    time.sleep(0.2)
+    assert sorted(payloads) == [0, 1]
+    assert env.is_free(digest, run=lock == "while_executing")
+
+
+def test_explain_list_and_the_lock_events_show_the_line(env):
+    gate, events = Gate(), []
+    env.middleware.subscribe(["waiting", "handed_over"], events.append)
+
+    @env.actor(lock="until_executed", on_conflict="wait", lock_args_method=lambda seq: [])
+    def export(seq):
+        gate.enter(seq)
+
+    sent = [export.send(seq) for seq in range(4)]
+    locks = Locks.from_middleware(env.middleware)
+    assert "wait in line" in locks.explain(export, 9).on_send
+    assert "3 messages wait in its line" in locks.explain(export, 9).on_send
+    (lock,) = locks.list()
+    assert lock.waiting == tuple(message.message_id for message in sent[1:])
+    table = "\n".join(lock_table([lock]))
+    assert f"{sent[1].message_id}  waiting 1" in table and f"{sent[3].message_id}  waiting 3" in table
+    assert "3 messages waiting in its line, the next first:" in describe_lock(lock)
+    assert [(e.kind, e.side, e.message_id) for e in events] == [("waiting", "client", m.message_id) for m in sent[1:]]
+
+    env.worker(threads=2)
+    wait_for(lambda: len(gate.runs) == 1)
+    gate.open()
+    wait_for(lambda: len(gate.runs) == 4)
+    env.join(export)
+    assert [e.message_id for e in events if e.kind == "handed_over"] == [m.message_id for m in sent[1:]]
+    assert list(locks.list()) == []
