@@ -30,6 +30,7 @@ from .outage import Outage
 from .outcome import (
     DUPLICATE,
     ENQUEUED,
+    OUTCOME_OPTION,
     REJECTED,
     RESCHEDULED,
     UNLOCKED,
@@ -117,7 +118,7 @@ class ClientSide:
             thread = self._thread
             outer, thread.taken = thread.taken, None
             try:
-                return enqueue(message, delay=delay)
+                return enqueue(message, delay=self._delay(message, delay))
             except EnqueueCancelled as e:
                 # Raised in before_enqueue, so about a message being sent, never a worker's proxy.
                 return cast("Message[Any]", e.message)
@@ -131,6 +132,21 @@ class ClientSide:
 
         broker.enqueue = guarded_enqueue  # type: ignore[method-assign]
         return True
+
+    def _delay(self, message: Message[Any], delay: int | None) -> int | None:
+        """The delay of ``message``: a new send of a debounced actor waits its quiet period, or
+        the caller's longer delay. Chosen before the broker picks the delay queue; Dramatiq's
+        re-enqueues, which carry the outcome of their first send, keep theirs.
+
+        Raises:
+          InvalidLockOptions: If the message's own options are not valid.
+        """
+        if OUTCOME_OPTION in message.options:
+            return delay
+        config = self.configs.for_message(message)
+        if config is None or config.debounce is None:
+            return delay
+        return max(delay or 0, config.debounce)
 
     # before_enqueue ----------------------------------------------------------------
 

@@ -46,6 +46,12 @@ def served_key(lock_key: str) -> str:
     return f"{lock_key.removesuffix(':run')}:served"
 
 
+def debounce_key(lock_key: str) -> str:
+    """The key of the deadline of a series of debounced sends (``debounce_cap``) of the digest
+    whose enqueue lock is at ``lock_key``: ``<prefix>:{<digest>}:debounce``, in the lock's hash slot."""
+    return f"{lock_key}:debounce"
+
+
 def registry_key(prefix: str) -> str:
     """The key of the worker registry: worker id -> the time until which it counts as alive."""
     return f"{prefix}:workers"
@@ -126,5 +132,5 @@ def prefix_of(key: str) -> str | None:
 
 
 def digest_keys_start(prefix: str) -> str:
-    """What the key of each digest's locks and replaced set under ``prefix`` starts with."""
+    """What the key of each digest's locks, replaced set and debounce deadline under ``prefix`` starts with."""
     return f"{prefix}:{{"

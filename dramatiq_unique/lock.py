@@ -7,7 +7,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
-from dramatiq.common import q_name
+from dramatiq.common import current_millis, q_name
 
 from .backends import Acquisition, Holder, LockBackend, Waiter
 from .backends.base import HELD, STARTED_BEFORE, SUPERSEDED
@@ -232,8 +232,9 @@ class MessageLock:
 
         The lock's TTL is extended by ``delay``, so it covers a delayed message
         until it is due. With the ``replace`` strategy (and ``may_replace``), a
-        full lock gives up its oldest queued holder's place. On success the
-        outcome is recorded in the message.
+        full lock gives up its oldest queued holder's place, and a message of a
+        series of debounced sends is brought forward to the series' deadline
+        (``debounce_cap``). On success the outcome is recorded in the message.
 
         Parameters:
           may_wait(bool): A message sent: with ``wait`` or ``keep_latest``, it waits in the
@@ -261,6 +262,7 @@ class MessageLock:
                 ttl=ttl,
                 holder=holder,
                 extend=extend,
+                debounce_cap=self.config.debounce_cap,
             )
         else:
             acquisition = self.backend.acquire(
@@ -278,6 +280,7 @@ class MessageLock:
             self.enqueue_token = acquisition.token
             self.enqueue_expires_at = acquisition.expires_at
             self.record_enqueued(replaced=acquisition.replaced)
+            self._bring_forward(acquisition.due_within, delay)
             if acquisition.token != previous:
                 self.emit(ACQUIRED, lock_kind=ENQUEUE, token=acquisition.token)
         if acquisition.replaced:
@@ -291,6 +294,13 @@ class MessageLock:
             )
             self.emit(REPLACED, lock_kind=ENQUEUE, replaced=acquisition.replaced)
         return acquisition
+
+    def _bring_forward(self, due_within: int | None, delay: int | None) -> None:
+        """Bring a delayed message forward to run within ``due_within`` ms, if that is sooner: its
+        series of debounced sends reaches its ``debounce_cap``. The broker computed the eta before
+        ``before_enqueue`` and encodes the message after it."""
+        if due_within is not None and delay is not None and due_within < delay:
+            self.message.options["eta"] = current_millis() + due_within
 
     def record_enqueued(self, replaced: str | None = None, *, status: str = ENQUEUED) -> None:
         """Record in the message that it is enqueued, with its digest and its enqueue lock, if any.

@@ -28,6 +28,8 @@ from .metrics import PrometheusMetrics, warn_if_prometheus_follows
 from .options import (
     DEFAULT_ACTIVITY,
     DEFAULT_BACKGROUND_RELEASES,
+    DEFAULT_DEBOUNCE,
+    DEFAULT_DEBOUNCE_CAP,
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_LEASE_PERIOD,
     DEFAULT_LINE_LIMIT,
@@ -69,7 +71,7 @@ class UniqueJobs(Middleware):
 
         broker.add_middleware(UniqueJobs(backend=RedisBackend(url=...)), before=TimeLimit)
 
-    The keyword arguments from ``lock`` to ``line_limit`` are also actor
+    The keyword arguments from ``lock`` to ``debounce_cap`` are also actor
     options (``@dramatiq.actor(lock=...)``) and, except ``lock_args_method``,
     message options (``send_with_options``); the message's value wins over the
     actor's, which wins over the one given here. Those from ``lease_period`` on
@@ -94,6 +96,10 @@ class UniqueJobs(Middleware):
       reschedule_delay(int): Milliseconds before a rescheduled duplicate tries again.
       max_reschedules(int): How often a duplicate may be rescheduled; ``None`` for no limit.
       line_limit(int): How many duplicates may wait in a lock's line (``on_conflict="wait"``).
+      debounce(int): Milliseconds of quiet before a debounced message runs: a newer send
+        starts them again and takes its place. ``None`` for no debounce. See docs/options.md.
+      debounce_cap(int): Milliseconds a series of debounced sends is postponed at most;
+        ``None`` for no bound.
       lease_period(int): Milliseconds a run lock is held without a renewal: a
         worker renews the run locks of the messages it runs, and a dead
         worker's run locks are free again within this time.
@@ -135,6 +141,8 @@ class UniqueJobs(Middleware):
         reschedule_delay: int = DEFAULT_RESCHEDULE_DELAY,
         max_reschedules: int | None = DEFAULT_MAX_RESCHEDULES,
         line_limit: int = DEFAULT_LINE_LIMIT,
+        debounce: int | None = DEFAULT_DEBOUNCE,
+        debounce_cap: int | None = DEFAULT_DEBOUNCE_CAP,
         lease_period: int = DEFAULT_LEASE_PERIOD,
         heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
         on_backend_error: str = DEFAULT_ON_BACKEND_ERROR,
@@ -170,6 +178,8 @@ class UniqueJobs(Middleware):
             reschedule_delay=reschedule_delay,
             max_reschedules=max_reschedules,
             line_limit=line_limit,
+            debounce=debounce,
+            debounce_cap=debounce_cap,
         )
         self.configs = ActorConfigs(self.defaults, logger=self.logger)
         #: The lock events of this middleware's messages, its heartbeat thread and its reaper.

@@ -41,6 +41,8 @@ DEFAULT_RESCHEDULE_DELAY = 5000
 DEFAULT_MAX_RESCHEDULES: int | None = None
 #: The default number of messages that may wait in a lock's line (``wait``).
 DEFAULT_LINE_LIMIT = 1000
+DEFAULT_DEBOUNCE: int | None = None
+DEFAULT_DEBOUNCE_CAP: int | None = None
 
 # The defaults of the middleware's own options.
 #: The default lease of a run lock, in milliseconds: a dead worker's run locks are free again within it.
@@ -69,6 +71,8 @@ DEFAULTS: dict[str, Any] = {
     "reschedule_delay": DEFAULT_RESCHEDULE_DELAY,
     "max_reschedules": DEFAULT_MAX_RESCHEDULES,
     "line_limit": DEFAULT_LINE_LIMIT,
+    "debounce": DEFAULT_DEBOUNCE,
+    "debounce_cap": DEFAULT_DEBOUNCE_CAP,
 }
 
 #: A lock_ttl below this many milliseconds is most likely seconds written where milliseconds
@@ -101,6 +105,8 @@ class LockConfig:
     reschedule_delay: int
     max_reschedules: int | None
     line_limit: int
+    debounce: int | None
+    debounce_cap: int | None
 
 
 def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
@@ -123,6 +129,9 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
     check.integer("reschedule_delay", minimum=0)
     check.integer("max_reschedules", minimum=0, optional=True)
     check.integer("line_limit", minimum=1)
+    check.integer("debounce", minimum=1, optional=True)
+    check.integer("debounce_cap", minimum=1, optional=True)
+    check.debounce_cap("debounce_cap", "debounce")
     check.boolean("unique_across_queues")
     check.boolean("unique_across_actors")
     check.prefix("lock_prefix")
@@ -158,6 +167,8 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
             f"{subject} uses lock={lock.name!r}, which is only released when its TTL runs out, but has no lock_ttl. "
             "Set lock_ttl to a positive number of milliseconds."
         )
+    if options["debounce"] is not None:
+        _check_debounced(subject, options, lock, client_strategy)
 
     return LockConfig(
         lock=lock,
@@ -172,7 +183,31 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
         reschedule_delay=options["reschedule_delay"],
         max_reschedules=options["max_reschedules"],
         line_limit=options["line_limit"],
+        debounce=options["debounce"],
+        debounce_cap=options["debounce_cap"],
     )
+
+
+def _check_debounced(
+    subject: str, options: Mapping[str, Any], lock: LockType, client_strategy: ConflictStrategy
+) -> None:
+    """A debounced send waits in the enqueue lock until a newer send takes its place: the lock
+    must be taken at enqueue and given up by its message, and the client strategy must replace."""
+    debounce = options["debounce"]
+    if not lock.locks_at_enqueue or lock.requires_ttl:
+        usable = (name for name, t in LOCK_TYPES.items() if t.locks_at_enqueue and not t.requires_ttl)
+        raise InvalidLockOptions(
+            f"{subject} uses debounce={debounce!r} with lock={lock.name!r}: a debounced message waits in the "
+            "enqueue lock for a newer one to take its place, so the lock must be taken at enqueue and given up "
+            f"by its message. Valid choices of lock there are: {_choices(usable)}."
+        )
+    if not client_strategy.replaces_queued_holders:
+        replacing = (name for name, s in STRATEGIES.items() if CLIENT in s.sides and s.replaces_queued_holders)
+        raise InvalidLockOptions(
+            f"{subject} uses debounce={debounce!r} with on_conflict={options['on_conflict']!r}: a newer send takes "
+            "the waiting message's place only under a client strategy that replaces queued holders. Valid choices "
+            f"on the client side there are: {_choices(replacing)}."
+        )
 
 
 def lock_defaults(**options: Any) -> dict[str, Any]:
@@ -420,9 +455,19 @@ class _Checker:
             return
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             expected = f"an integer >= {minimum}" + (
-                " (milliseconds)" if option in ("lock_ttl", "reschedule_delay") else ""
+                " (milliseconds)" if option in ("lock_ttl", "reschedule_delay", "debounce", "debounce_cap") else ""
             )
             self.fail(option, f"must be {expected}" + (" or None" if optional else ""))
+
+    def debounce_cap(self, option: str, debounce: str) -> None:
+        """A cap bounds a debounce's postponements: it needs one, and is no shorter."""
+        cap, quiet = self.options[option], self.options[debounce]
+        if cap is None:
+            return
+        if quiet is None:
+            self.fail(option, f"bounds the postponements of a debounce, so it needs {debounce} too")
+        if cap < quiet:
+            self.fail(option, f"must be >= {debounce}={quiet!r}, or None")
 
     def boolean(self, option: str) -> None:
         if not isinstance(self.options[option], bool):

@@ -207,6 +207,30 @@ def test_swap_of_a_replaced_holder_takes_nothing(backend):
     assert acquire(backend, "x", key=RUN_KEY).acquired
 
 
+def test_a_debounced_series_is_due_by_its_cap(backend):
+    # A place that replaced nobody starts a series due within the cap; each replacing place is due
+    # within what is left of it, and at once after it passed; a re-entry and a conflict say nothing.
+    def debounced(owner, cap=300):
+        return backend.replace(
+            KEY, owner, replaced_key=REPLACED_KEY, limit=1, ttl=None, holder=holder(owner), debounce_cap=cap
+        )
+
+    first = debounced("m1")
+    assert (first.replaced, first.due_within) == (None, 300)
+    time.sleep(0.1)
+    second = debounced("m2")
+    assert second.replaced == "m1" and 150 <= second.due_within <= 200
+    assert debounced("m2").due_within is None  # its own place again
+    assert replace(backend, "m3").due_within is None  # not debounced
+    time.sleep(0.25)
+    assert debounced("m4").due_within == 0  # past the deadline: due now
+    assert claim(backend, "m4") == "held"
+    assert not debounced("m5").acquired  # a running holder: no place, no series
+    assert backend.release(KEY, "m4")
+    assert debounced("m6", cap=500).due_within == 500  # the next series
+    assert debounced("m7", cap=500).due_within > 400
+
+
 def test_redis_records_who_holds_the_lock_with_server_time(redis_client):
     # S3: holder, actor, queue, lock type, state, acquired-at and TTL from the server clock, in a
     # compact record (issue 11): the token (its millisecond is acquired-at), the TTL, "queued",

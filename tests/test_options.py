@@ -35,6 +35,36 @@ from .support import unique_warnings
         ({"lock": "until_executed", "unique_across_queues": "yes"}, ["unique_across_queues='yes'"]),
         ({"lock": "until_executed", "reschedule_delay": -1}, ["reschedule_delay=-1"]),
         ({"lock": "until_executed", "max_reschedules": -1}, ["max_reschedules=-1"]),
+        ({"lock": "until_executed", "debounce": 0}, ["debounce=0", ">= 1 (milliseconds) or None"]),
+        ({"lock": "until_executed", "debounce": 1.5}, ["debounce=1.5"]),
+        ({"lock": "until_executed", "debounce": True}, ["debounce=True"]),
+        ({"lock": "until_executed", "debounce_cap": "800"}, ["debounce_cap='800'", "milliseconds"]),
+        ({"lock": "until_executed", "debounce_cap": 800}, ["debounce_cap=800", "needs debounce"]),
+        (
+            {"lock": "until_executed", "on_conflict": {"client": "replace"}, "debounce": 300, "debounce_cap": 200},
+            ["debounce_cap=200", ">= debounce=300"],
+        ),
+        (
+            {"lock": "while_executing", "on_conflict": {"client": "replace"}, "debounce": 300},
+            [
+                "debounce=300",
+                "lock='while_executing'",
+                "'until_and_while_executing', 'until_executed', 'until_executing'",
+            ],
+        ),
+        (
+            {"lock": "until_expired", "lock_ttl": 5000, "debounce": 300},
+            ["debounce=300", "lock='until_expired'", "'until_executing'"],
+        ),
+        (
+            {"lock": "until_executed", "debounce": 300},
+            [
+                "debounce=300",
+                "on_conflict='log'",
+                "replaces queued holders",
+                "Valid choices on the client side there are: 'replace'",
+            ],
+        ),
     ],
 )
 def test_invalid_options_fail_when_the_actor_is_declared(stub_env, options, expected):

@@ -273,6 +273,9 @@ class Acquisition:
       displaced(str): The message_id of the waiter whose place in a full line the caller took
         (:attr:`Waiter.keeps_latest`); it is dropped.
       line_full(bool): The caller's message could not wait: the line is full.
+      due_within(int): Milliseconds within which the caller's message is due at the latest: the
+        time left until its series of debounced sends must run (:meth:`~dramatiq_unique.LockBackend.replace`
+        with ``debounce_cap``); ``None`` otherwise.
     """
 
     acquired: bool
@@ -285,6 +288,7 @@ class Acquisition:
     waiting: int | None = None
     displaced: str | None = None
     line_full: bool = False
+    due_within: int | None = None
 
 
 @dataclass(frozen=True)
@@ -510,12 +514,29 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def replace(
-        self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+        self,
+        key: str,
+        owner: str,
+        *,
+        replaced_key: str,
+        limit: int,
+        ttl: int | None,
+        holder: Holder,
+        extend: int = 0,
+        debounce_cap: int | None = None,
     ) -> Acquisition:
         """As :meth:`acquire`, but when every place is taken, first take the
         place of the oldest holder that is ``"queued"`` and ``replaceable``, and add that
         holder's owner to the set at ``replaced_key``. Holders that run keep
         their places. The answer names the replaced owner.
+
+        Parameters:
+          debounce_cap(int): The sends of the lock's digest are debounced, and a series of them
+            runs at least once per this many milliseconds. A new place that replaced nobody
+            starts a series, due within ``debounce_cap`` (its deadline, kept beside the lock at
+            ``<prefix>:{<digest>}:debounce``); one that replaced a holder continues
+            the series, due within what is left of its deadline (0 once it passed). The
+            answer's ``due_within`` says which; ``None``, the default, starts or continues nothing.
         """
 
     @abc.abstractmethod

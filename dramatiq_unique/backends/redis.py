@@ -18,6 +18,7 @@ from redis.crc import key_slot
 
 from ..errors import InvalidBackendOptions, LockBackendError, LockStoreHealing
 from ..keys import (
+    debounce_key,
     digest_keys_start,
     epoch_key,
     in_hand_key,
@@ -380,12 +381,21 @@ class RedisBackend(LockBackend):
         return released
 
     def replace(
-        self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+        self,
+        key: str,
+        owner: str,
+        *,
+        replaced_key: str,
+        limit: int,
+        ttl: int | None,
+        holder: Holder,
+        extend: int = 0,
+        debounce_cap: int | None = None,
     ) -> Acquisition:
         reply = self._call(
             self._replace,
-            [key, replaced_key],
-            [owner, limit, ttl or 0, extend, holder.encode(owner), REPLACED_TTL],
+            [key, replaced_key, debounce_key(key)],
+            [owner, limit, ttl or 0, extend, holder.encode(owner), REPLACED_TTL, debounce_cap or 0],
             refusal=self._refusal_keys(key),
         )
         return _acquisition(reply)
@@ -958,5 +968,12 @@ def _acquisition(reply: list[Any]) -> Acquisition:
         return Acquisition(acquired=False, line_full=True, holders=strings)
     if reply[0] == 1:
         replaced = strings[2] if len(strings) > 2 else None
-        return Acquisition(acquired=True, token=int(reply[1]), expires_at=int(reply[2]) or None, replaced=replaced)
+        due_within = int(reply[4]) if len(reply) > 4 else None
+        return Acquisition(
+            acquired=True,
+            token=int(reply[1]),
+            expires_at=int(reply[2]) or None,
+            replaced=replaced,
+            due_within=due_within,
+        )
     return Acquisition(acquired=False, holders=strings)

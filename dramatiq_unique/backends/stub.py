@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import LockStoreHealing
-from ..keys import digest_keys_start, epoch_key, line_key, lock_kind, prefix_of, served_key, waiters_key
+from ..keys import debounce_key, digest_keys_start, epoch_key, line_key, lock_kind, prefix_of, served_key, waiters_key
 from .base import (
     HELD,
     LAPSED,
@@ -66,6 +66,8 @@ class StubBackend(LockBackend):
         self._mutex = threading.Lock()
         self._locks: dict[str, _Lock] = {}
         self._replaced: dict[str, set[str]] = {}
+        #: The deadline (ms) of each series of debounced sends, by its key.
+        self._deadlines: dict[str, int] = {}
         self._workers: dict[str, dict[str, int]] = {}
         self._in_hand: dict[str, dict[str, MessagesInHand]] = {}
         self._marks: dict[str, str] = {}
@@ -160,11 +162,22 @@ class StubBackend(LockBackend):
             return None if waiting is None else waiting.message
 
     def replace(
-        self, key: str, owner: str, *, replaced_key: str, limit: int, ttl: int | None, holder: Holder, extend: int = 0
+        self,
+        key: str,
+        owner: str,
+        *,
+        replaced_key: str,
+        limit: int,
+        ttl: int | None,
+        holder: Holder,
+        extend: int = 0,
+        debounce_cap: int | None = None,
     ) -> Acquisition:
         with self._mutex:
             refused = self._refusing(key)
-            lock = self._live(key, time.time_ns() // 1_000_000)
+            now = _now()
+            lock = self._live(key, now)
+            held_before = owner in lock.places
             victim = None
             # While the store heals, no holder loses its place: a newer message is a conflict.
             if len(lock.places) >= limit and owner not in lock.places and not refused:
@@ -176,11 +189,18 @@ class StubBackend(LockBackend):
                     del lock.places[victim]
                     self._replaced.setdefault(replaced_key, set()).add(victim)
             acquisition = self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused)
-            if victim and acquisition.acquired:
-                return Acquisition(
-                    acquired=True, token=acquisition.token, expires_at=acquisition.expires_at, replaced=victim
-                )
-            return acquisition
+            if not acquisition.acquired or held_before:
+                return acquisition
+            due_within = None
+            if debounce_cap:
+                series = debounce_key(key)
+                if victim:
+                    # The series goes on until its deadline. Gone, it passed: the series is due now.
+                    due_within = max(0, self._deadlines.get(series, now) - now)
+                else:
+                    self._deadlines[series] = now + debounce_cap
+                    due_within = debounce_cap
+            return dataclasses.replace(acquisition, replaced=victim, due_within=due_within)
 
     def claim(
         self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder, starting: str = ""
@@ -421,6 +441,7 @@ class StubBackend(LockBackend):
             self._refusals.clear()
             self._locks.clear()
             self._replaced.clear()
+            self._deadlines.clear()
             self._workers.clear()
             self._in_hand.clear()
             self._values.clear()

@@ -1,15 +1,19 @@
 -- Takes a place like acquire; when every place is taken, first takes the place
 -- of the oldest holder that is still queued and replaceable (never one that runs) and
 -- remembers that holder in the replaced set, so it is skipped when it starts.
--- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set (one digest, one hash slot);
--- KEYS[3], KEYS[4]: the refusal and the mark (new_places_refused), or none.
--- ARGV: owner, limit, ttl in ms (0: never lapses), extend in ms, holder, replaced set TTL in ms.
--- Returns acquire's reply, with the replaced owner appended when there was one.
+-- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set, KEYS[3]: the deadline of a series of
+-- debounced sends (one digest, one hash slot);
+-- KEYS[4], KEYS[5]: the refusal and the mark (new_places_refused), or none.
+-- ARGV: owner, limit, ttl in ms (0: never lapses), extend in ms, holder, replaced set TTL in ms,
+-- debounce cap in ms (0: not debounced).
+-- Returns acquire's reply; a new place adds the replaced owner (false: none) and, when debounced,
+-- the ms within which it is due at the latest.
 local key, replaced_key, owner, limit = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
-local refused = new_places_refused(KEYS[3], KEYS[4])
+local refused = new_places_refused(KEYS[4], KEYS[5])
 local holders, count = live_holders(key)
+local held_before = holders[owner] ~= nil
 local victim = nil
-if count >= limit and not holders[owner] and not refused then
+if count >= limit and not held_before and not refused then
   local oldest = nil
   for holder_owner, record in pairs(holders) do
     local _, token, _, holder = parse(record)
@@ -25,7 +29,19 @@ if count >= limit and not holders[owner] and not refused then
   end
 end
 local reply = acquire(key, owner, limit, tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], refused)
-if victim and reply[1] == 1 then
-  table.insert(reply, victim)
+if reply[1] ~= 1 or held_before then return reply end
+reply[4] = victim or false
+local cap = tonumber(ARGV[7])
+if cap > 0 then
+  local now = clock()
+  if victim then
+    -- The series goes on until its deadline. Gone, it passed: the series is due now.
+    local deadline = tonumber(redis.call("GET", KEYS[3]))
+    reply[5] = 0
+    if deadline then reply[5] = math.max(0, deadline - now) end
+  else
+    redis.call("SET", KEYS[3], string.format("%d", now + cap), "PX", cap)
+    reply[5] = cap
+  end
 end
 return reply
