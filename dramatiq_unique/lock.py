@@ -110,7 +110,7 @@ class MessageLock:
         self.requeued = False
         #: Whether a newer message took this queued message's place (``replace``): it must not run.
         self.superseded = False
-        #: Whether this copy of a message that waited in line started before: it must not run.
+        #: Whether another copy of this message started after it waited in line, so that this one must not run.
         self.started_before = False
 
     @classmethod
@@ -553,8 +553,8 @@ class MessageLock:
 
     @property
     def copy(self) -> str:
-        """Which copy of the message this is, for the lock store: the token of the place a line
-        handed it, ``""`` when none did."""
+        """The token of the place a line handed the message, which tells its copies apart in the
+        lock store, or ``""`` when no line handed it one."""
         return "" if self.handoff is None else str(self.handoff)
 
     def _waiter(self, strategy: ConflictStrategy, line: str) -> Waiter | None:

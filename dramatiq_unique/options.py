@@ -146,22 +146,8 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
     lock = LOCK_TYPES.get(lock_name) if isinstance(lock_name, str) else None
     if lock is None:
         check.fail("lock", f"is not a lock type. Valid choices are: {_choices(LOCK_TYPES)}")
-    if client_strategy.replaces_queued_holders and lock.requires_ttl:
-        raise InvalidLockOptions(
-            f"{subject} uses on_conflict={options['on_conflict']!r} with lock={lock.name!r}: a lock that is only "
-            "released by its TTL has no queued holder to replace. Valid choices on the client side there are: "
-            + _choices(name for name, s in STRATEGIES.items() if CLIENT in s.sides and not s.replaces_queued_holders)
-            + "."
-        )
-    if lock.requires_ttl and (client_strategy.waits_in_line or server_strategy.waits_in_line):
-        waiting = client_strategy if client_strategy.waits_in_line else server_strategy
-        raise InvalidLockOptions(
-            f"{subject} uses on_conflict={options['on_conflict']!r} with lock={lock.name!r}: a lock that is only "
-            f"released by its TTL never hands its place to a message waiting in line ({waiting.name!r}). "
-            "Valid choices there are: "
-            + _choices(name for name, s in STRATEGIES.items() if CLIENT in s.sides and not s.waits_in_line)
-            + "."
-        )
+    if lock.requires_ttl:
+        _check_strategies_for_ttl_only(subject, options["on_conflict"], lock, (client_strategy, server_strategy))
     if lock.requires_ttl and options["lock_ttl"] is None:
         raise InvalidLockOptions(
             f"{subject} uses lock={lock.name!r}, which is only released when its TTL runs out, but has no lock_ttl. "
@@ -208,6 +194,25 @@ def _check_debounced(
             "the waiting message's place only under a client strategy that replaces queued holders. Valid choices "
             f"on the client side there are: {_choices(replacing)}."
         )
+
+
+def _check_strategies_for_ttl_only(
+    subject: str, on_conflict: Any, lock: LockType, strategies: tuple[ConflictStrategy, ConflictStrategy]
+) -> None:
+    """A lock that only its TTL releases has no queued holder to replace, and hands no place to
+    a message waiting in line."""
+    for side, strategy in zip((CLIENT, SERVER), strategies, strict=True):
+        if strategy.replaces_queued_holders or strategy.waits_in_line:
+            valid = (
+                name
+                for name, s in STRATEGIES.items()
+                if side in s.sides and not (s.replaces_queued_holders or s.waits_in_line)
+            )
+            raise InvalidLockOptions(
+                f"{subject} uses on_conflict={on_conflict!r} with lock={lock.name!r}: a lock that is only released "
+                f"by its TTL has no queued holder to replace, and hands no place to a message waiting in line. "
+                f"Valid choices on the {side} side there are: {_choices(valid)}."
+            )
 
 
 def lock_defaults(**options: Any) -> dict[str, Any]:

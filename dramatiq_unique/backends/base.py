@@ -268,10 +268,10 @@ class Acquisition:
         message (:meth:`~dramatiq_unique.LockBackend.swap`): the caller must not run.
       started_before(bool): This copy of a message that waited in line started before
         (``starting``): the caller must not run.
-      waiting(int): The caller's message waits in the lock's line (a :class:`Waiter`), at this
+      waiting(int): The caller's message waits in the lock's line (a :class:`~dramatiq_unique.backends.Waiter`), at this
         place (1 is next); ``holders`` names those that hold the lock.
       displaced(str): The message_id of the waiter whose place in a full line the caller took
-        (:attr:`Waiter.keeps_latest`); it is dropped.
+        (a :class:`~dramatiq_unique.backends.Waiter` that ``keeps_latest``); it is dropped.
       line_full(bool): The caller's message could not wait: the line is full.
       due_within(int): Milliseconds within which the caller's message is due at the latest: the
         time left until its series of debounced sends must run (:meth:`~dramatiq_unique.LockBackend.replace`
@@ -379,7 +379,7 @@ class LockBackend(abc.ABC):
     when the storage cannot be reached.
 
     A method that frees a place hands it to the first message waiting in the lock's line
-    (:class:`Waiter`), in the same step, and passes the messages handed a place to
+    (:class:`~dramatiq_unique.backends.Waiter`), in the same step, and passes the messages handed a place to
     :attr:`handoffs` to be enqueued.
     """
 

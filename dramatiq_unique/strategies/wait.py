@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from .base import Conflict, ConflictStrategy
 from .reject import Reject
 
 
-class Wait(ConflictStrategy):
+class Wait(Reject):
     """Wait in line: the duplicate waits in the lock's line, in the order the
     duplicates came, and is enqueued the moment a place frees up, by the step
     that frees it. On the client ``send()`` returns normally with status
@@ -16,12 +15,7 @@ class Wait(ConflictStrategy):
 
     name = "wait"
     waits_in_line = True
-
-    def on_client_conflict(self, conflict: Conflict) -> None:
-        Reject().on_client_conflict(conflict)
-
-    def on_server_conflict(self, conflict: Conflict) -> None:
-        Reject().on_server_conflict(conflict)
+    # A duplicate that cannot wait (the line is full) is dealt with as reject deals with one.
 
     def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
         return "wait in line, to be enqueued when a place frees up (the dead-letter queue when the line is full)"
