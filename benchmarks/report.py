@@ -14,12 +14,13 @@ import statistics
 import time
 
 try:
-    from . import failover, hooks, latency, memory, overhead, round_trips
+    from . import failover, hooks, latency, lines, memory, overhead, round_trips
     from ._server import describe, redis_urls
 except ImportError:
     import failover
     import hooks
     import latency
+    import lines
     import memory
     import overhead
     import round_trips
@@ -59,6 +60,7 @@ def main() -> None:
         p3 = overhead.measure_p3(url, other_url)
         p2 = overhead.measure_p2(url)
         window = overhead.measure_release_window(url)
+        waiting = lines.measure_all(url)
     # Servers of its own: a primary, two replicas and three sentinels (about 15 s).
     losses, durability = failover.measure()
     eight = next(f for f in p3 if f.threads == 8)
@@ -128,6 +130,7 @@ def main() -> None:
         "Round trips per message (lock_ttl=None / 60 s): "
         + ", ".join(f"{lock} {a:.0f}/{b:.0f}".replace("nan/", "-/") for lock, (a, b) in p1.items())
     )
+    print("\n".join(lines.describe(waiting)))
     print("\n".join(failover.describe(losses, durability)))
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(

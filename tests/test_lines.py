@@ -19,6 +19,9 @@ from dramatiq_unique.presentation import describe_lock, lock_table
 
 from .support import Gate, wait_for
 
+#: StubBackend, a Redis server, and a Redis Cluster (locks on the cluster, messages on a Redis).
+ON_EVERY_BACKEND = pytest.mark.parametrize("env", ["stub", "redis", "cluster"], indirect=True)
+
 #: Long enough that a waiter that polled (``reschedule``) would show: every handoff is far shorter.
 POLLING_DELAY = 60_000
 
@@ -87,6 +90,7 @@ def check_line(env, update, runs: Runs, outcomes, keys: int, per_key: int) -> No
     print(f"handoff: median {statistics.median(gaps) * 1000:.1f} ms, max {max(gaps) * 1000:.1f} ms")
 
 
+@ON_EVERY_BACKEND
 def test_200_messages_on_5_keys_wait_in_line_and_run_once_each_in_send_order(env):
     update, runs, outcomes = send_in_line(env, keys=5, per_key=40)
     check_line(env, update, runs, outcomes, keys=5, per_key=40)
@@ -98,6 +102,7 @@ def test_200_messages_on_5_keys_wait_in_line_on_rabbitmq(rabbitmq_env):
 
 
 # until_and_while_executing waits in both lines: for the enqueue lock at send, for the run lock at start.
+@ON_EVERY_BACKEND
 @pytest.mark.parametrize(
     ("lock", "on_conflict"), [("while_executing", {"server": "wait"}), ("until_and_while_executing", "wait")]
 )
@@ -202,6 +207,7 @@ def check_latest(env, push_profile, gate, payloads, outcomes, updates: int) -> N
     assert gate.max_running == {7: 1}
 
 
+@ON_EVERY_BACKEND
 def test_keep_latest_runs_once_more_with_the_last_of_50_updates(env):
     push_profile, gate, payloads, outcomes = send_updates_while_one_runs(env, 50)
     check_latest(env, push_profile, gate, payloads, outcomes, 50)
@@ -231,6 +237,7 @@ def test_a_line_survives_a_failure_of_the_holder(env):
     assert [m.args[0] for m in env.dead_letters(flaky)] == [0]
 
 
+@ON_EVERY_BACKEND
 @pytest.mark.parametrize(("lock", "on_conflict"), [("until_executed", "wait"), ("while_executing", "wait")])
 def test_a_handoff_lost_with_its_process_is_enqueued_again_by_the_reaper_and_runs_once(env, lock, on_conflict):
     # The process that freed the place dies before it enqueues the waiter: here, nobody enqueues

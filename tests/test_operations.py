@@ -84,6 +84,7 @@ def test_list_shows_every_held_lock_with_its_holders(app):
                 "token": holder.token,
             }
         ],
+        "waiting": [],
     }
 
 
