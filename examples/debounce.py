@@ -1,7 +1,7 @@
-"""Debounce a burst, keep the latest: a burst of profile edits is pushed to the CRM once, with the
+"""Debounce: a burst of profile edits is pushed to the CRM once, with the
 newest version, after the edits have stopped for a moment.
 
-    python examples/debounce_keep_latest.py   # set REDIS_URL to use your own server
+    python examples/debounce.py   # set REDIS_URL to use your own server
 
 It touches only keys under ``example-debounce:`` and deletes them at the end.
 """
