@@ -236,7 +236,10 @@ class Reaper:
         enqueue_locks = []
         for record in records:
             if record.expires_at is not None and record.expires_at <= now:
-                continue  # lapsed: the next operation on the lock drops it
+                # Lapsed (a dead worker's lease): dropped, and its place handed to the lock's line, if
+                # any, by a release that frees nothing else. Without a line, the next operation would.
+                self.backend.release_record(record.key, record.owner, record.record)
+                continue
             # Only run locks end with their worker. An enqueue lock recorded as running (replace)
             # belongs to a message the broker redelivers when its worker dies; a queued place in
             # a run lock, handed by its line, to a message on its way through the broker.

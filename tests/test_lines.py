@@ -303,3 +303,100 @@ def test_explain_list_and_the_lock_events_show_the_line(env):
     env.join(export)
     assert [e.message_id for e in events if e.kind == "handed_over"] == [m.message_id for m in sent[1:]]
     assert list(locks.list()) == []
+
+
+def test_a_retry_that_meets_the_lock_waits_in_line_again_and_runs(env):
+    # The retry keeps the place's token it started with once; waiting again, it is handed a new
+    # place, and runs with it.
+    runs, failed = Runs(), []
+
+    @env.actor(
+        lock="while_executing", on_conflict="wait", reschedule_delay=POLLING_DELAY, lock_args_method=lambda seq: []
+    )
+    def post(seq):
+        if seq == 1 and not failed:
+            failed.append(seq)
+            raise RuntimeError("fails once")
+        runs.run("all", seq, seconds=0.05)
+
+    for seq in range(4):
+        post.send(seq)
+    env.worker(threads=4)
+    wait_for(lambda: len(runs.ends) == 4, timeout=30)
+    env.join(post)
+    assert sorted(payload for payload, _, _ in runs.of("all")) == [0, 1, 2, 3]
+    assert_one_at_a_time(runs.of("all"))
+    assert env.is_free(enqueue_outcome(post.message(0)).digest or _digest_of(env, post), run=True)
+
+
+def _digest_of(env, actor) -> str:
+    locks = Locks.from_middleware(env.middleware)
+    return locks.explain(actor, 0).digest
+
+
+def place(env, key: str, message_id: str, *, ttl: int | None = None, starting: str | None = None):
+    """An attempt of ``message_id`` at the run lock ``key``, waiting in line if it is taken."""
+    from dramatiq_unique.backends import Holder, Waiter
+
+    holder = Holder(message_id, "post", "default", "while_executing", "running", "worker-1")
+    waiter = Waiter(message=f'{{"message_id": "{message_id}"}}', line_limit=10)
+    owner = f"attempt-{message_id}-{starting}"
+    return owner, env.backend.acquire(
+        key, owner, limit=1, ttl=ttl, holder=holder, waiter=waiter, starting=starting if starting is not None else ""
+    )
+
+
+def test_only_the_copy_a_line_handed_a_place_takes_it(env):
+    key, handed = "dramatiq-unique:{" + "ab" * 32 + "}:run", []
+    env.backend.handoffs = handed.extend
+    owner_a, a = place(env, key, "A")
+    assert a.acquired
+    _, b = place(env, key, "B")
+    assert b.waiting == 1
+    env.backend.release(key, owner_a)
+    (message,) = handed
+    token = message.partition("\n")[0]
+    # B as it was before it joined the line, redelivered: never takes the place handed to its copy.
+    assert place(env, key, "B", starting="")[1].started_before
+    # Nor does a copy handed an earlier place, the reaper having handed it again.
+    assert place(env, key, "B", starting=str(int(token) - 1))[1].started_before
+    owner_b, b = place(env, key, "B", starting=token)
+    assert b.acquired
+    # Once it started, no other copy runs, but the copy that started does (a redelivery).
+    assert place(env, key, "B", starting="")[1].started_before
+    env.backend.release(key, owner_b)
+    assert place(env, key, "B", starting=token)[1].acquired
+
+
+def test_the_reaper_hands_a_lapsed_place_to_the_line(env):
+    # A's worker died: its lease ran out, and nothing else touches the lock.
+    key, handed = "dramatiq-unique:{" + "cd" * 32 + "}:run", []
+    env.backend.handoffs = handed.extend
+    _, a = place(env, key, "A", ttl=50)
+    assert a.acquired
+    assert place(env, key, "B")[1].waiting == 1
+    time.sleep(0.1)
+    env.middleware.reaper.run()
+    assert [m.partition("\n")[2] for m in handed] == ['{"message_id": "B"}']
+    assert Locks(env.backend).get("cd" * 32)[0].holders[0].message_id == "B"
+
+
+def test_a_send_given_up_after_a_lost_answer_leaves_the_line(env):
+    # The backend failed to answer a send that joined the line: the send gives its place up, and
+    # with it its place in the line, so it is neither enqueued nor handed a place later.
+    from dramatiq_unique.backends import Holder, Waiter
+
+    key, handed = "dramatiq-unique:{" + "ef" * 32 + "}", []
+    env.backend.handoffs = handed.extend
+
+    def send(message_id: str):
+        holder = Holder(message_id, "post", "default", "until_executed", "queued")
+        waiter = Waiter(message=message_id, line_limit=10)
+        return env.backend.acquire(key, message_id, limit=1, ttl=None, holder=holder, waiter=waiter)
+
+    assert send("A").acquired and send("B").waiting == 1 and send("C").waiting == 2
+    assert not env.backend.release(key, "B")  # it held no place, but waited
+    assert env.backend.lines([key]) == {key: ("C",)}
+    env.backend.release(key, "A")
+    assert [m.partition("\n")[2] for m in handed] == ["C"]
+    assert env.backend.waiting_message(key, "B") is None

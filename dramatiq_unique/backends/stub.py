@@ -108,16 +108,20 @@ class StubBackend(LockBackend):
         starting: str | None = None,
     ) -> Acquisition:
         handed: list[str] = []
-        with self._mutex:
-            refused = not healing and self._refusing(key)
-            if waiter is None:
-                return self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused)
-            acquisition = self._take_or_wait(
-                key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused,
-                waiter=waiter, starting=starting, handed=handed,
-            )  # fmt: skip
-        self.hand_over(handed)
-        return acquisition
+        try:
+            with self._mutex:
+                refused = not healing and self._refusing(key)
+                if waiter is None:
+                    return self._acquire(
+                        key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused
+                    )
+                return self._take_or_wait(
+                    key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused,
+                    waiter=waiter, starting=starting, handed=handed,
+                )  # fmt: skip
+        finally:
+            # As on Redis, the places handed before a refusal (LockStoreHealing) are handed.
+            self.hand_over(handed)
 
     def release(self, key: str, owner: str) -> bool:
         handed: list[str] = []
@@ -239,6 +243,7 @@ class StubBackend(LockBackend):
             self._release(key, owner, handed)
         else:
             place.holder = holder
+            handed += self._hand_over(key)
         return HELD
 
     def swap(
@@ -256,13 +261,14 @@ class StubBackend(LockBackend):
         starting: str = "",
     ) -> Acquisition:
         handed: list[str] = []
-        with self._mutex:
-            acquisition = self._swap(
-                release_key, release_owner, replaced_key, acquire_key, owner,
-                limit=limit, ttl=ttl, holder=holder, waiter=waiter, starting=starting, handed=handed,
-            )  # fmt: skip
-        self.hand_over(handed)
-        return acquisition
+        try:
+            with self._mutex:
+                return self._swap(
+                    release_key, release_owner, replaced_key, acquire_key, owner,
+                    limit=limit, ttl=ttl, holder=holder, waiter=waiter, starting=starting, handed=handed,
+                )  # fmt: skip
+        finally:
+            self.hand_over(handed)
 
     def _swap(
         self,
@@ -347,14 +353,14 @@ class StubBackend(LockBackend):
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
         # The cursor is the last key seen, so a step resumes after it whatever changed meanwhile.
         with self._mutex:
-            now = _now()
             after = "" if cursor == "0" else cursor[2:]
             start = digest_keys_start(prefix)
             keys = sorted(k for k in self._locks if k.startswith(start) and lock_kind(k) and k > after)[:count]
+            # As on Redis, a lapsed place is found until an operation on its lock drops it.
             records = [
                 LockRecord.parse(key, owner, place.record(owner))
                 for key in keys
-                for owner, place in self._live(key, now).places.items()
+                for owner, place in self._locks[key].places.items()
             ]
             return ("0" if len(keys) < count else "k:" + keys[-1]), records
 
@@ -499,6 +505,11 @@ class StubBackend(LockBackend):
         place = lock.places.pop(owner, None)
         if place is not None and not stays_waiting:
             self._waiters.get(waiters_key(key), {}).pop(place.holder.message_id, None)
+        line = self._lines.get(line_key(key), [])
+        if place is None and owner in line:
+            # It waited without a place (a send whose answer was lost, given up): it leaves the line.
+            line.remove(owner)
+            self._waiters.get(waiters_key(key), {}).pop(owner, None)
         handed += self._hand_over(key)
         if not lock.places:
             self._locks.pop(key, None)
@@ -513,7 +524,9 @@ class StubBackend(LockBackend):
         while line:
             head = line[0]
             waiting = waiters.get(head)
-            if waiting is not None and head not in lock.places:
+            if waiting is not None and head in lock.places:
+                del waiters[head]
+            elif waiting is not None:
                 if len(lock.places) >= waiting.limit:
                     break
                 now_us = time.time_ns() // 1000
@@ -527,9 +540,10 @@ class StubBackend(LockBackend):
         return handed
 
     def _served_before(self, key: str, message_id: str, copy: str | None) -> bool:
-        """As holders.lua's served_before; the served copies map message ids to their tokens."""
+        """As holders.lua's served_before; the served copies map message ids to their tokens, kept
+        until a later start drops those older than SERVED_RETENTION."""
         started = self._served.get(served_key(key), {}).get(message_id)
-        return started is not None and started > _now() * 1000 - SERVED_RETENTION * 1000 and str(started) != copy
+        return started is not None and str(started) != copy
 
     @staticmethod
     def _handed_to_another(place: _Place | None, copy: str | None) -> bool:
@@ -566,11 +580,10 @@ class StubBackend(LockBackend):
         reserved = False
         if starting is not None:
             place = lock.places.get(message_id)
-            if self._served_before(key, message_id, starting) or (
-                owner != message_id and self._handed_to_another(place, starting)
-            ):
+            handed_to = place.token if place and owner != message_id and place.holder.state == "queued" else None
+            if self._served_before(key, message_id, starting) or (handed_to is not None and str(handed_to) != starting):
                 return Acquisition(acquired=False, started_before=True)
-            if place is not None and owner != message_id and place.holder.state == "queued":
+            if handed_to is not None:
                 del lock.places[message_id]
                 reserved = True
         if not reserved and owner not in lock.places and message_id in waiters and message_id in line:
@@ -590,6 +603,7 @@ class StubBackend(LockBackend):
             holder=dataclasses.replace(holder, state="queued", worker_id=None, redis_message_id=None),
             message=waiter.message,
         )
+        self._served.get(served_key(key), {}).pop(message_id, None)
         if len(line) < waiter.line_limit:
             line.append(message_id)
             waiters[message_id] = entry

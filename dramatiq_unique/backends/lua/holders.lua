@@ -370,6 +370,7 @@ local function hand_over(key, line, holders, count)
     if not head then break end
     local entry = redis.call("HGET", line.waiters, head)
     -- A waiter that was let go (an operator freed it) or that holds a place already leaves.
+    if entry and holders[head] then redis.call("HDEL", line.waiters, head) end
     if entry and not holders[head] then
       local limit, holder, message = parse_waiter(entry)
       if count >= limit then break end
@@ -418,6 +419,8 @@ end
 -- of the waiter whose place it took when the line was full and the newest `keeps_latest`
 -- (else "")}, or {-4} when the line is full.
 local function join(line, id, entry, line_limit, keeps_latest)
+  -- A message that waits again (a retry that met the lock) starts again as the copy handed next.
+  redis.call("ZREM", line.served, id)
   local size = redis.call("LLEN", line.list)
   if size < line_limit then
     redis.call("RPUSH", line.list, id)
@@ -450,10 +453,14 @@ local function take_or_wait(key, line, owner, limit, ttl, extend, holder, refuse
   local reserved = false
   if mode == "start" then
     local place = holders[id]
-    if served_before(line, id, copy) or (owner ~= id and handed_to_another(place, copy)) then
+    -- In a run lock, a queued place is one its line handed: only the copy stamped with its token
+    -- takes it, never another, nor the message as it was before it joined the line.
+    local handed_token = nil
+    if place and owner ~= id and queued(place) then handed_token = select(2, parse(place)) end
+    if served_before(line, id, copy) or (handed_token and handed_token ~= tonumber(copy)) then
       return {-3}, handed, holders, count
     end
-    if place and owner ~= id and queued(place) then
+    if handed_token then
       -- The place its line handed this message: the message takes it as its own.
       write_holder(key, id, false)
       holders[id] = nil
@@ -508,6 +515,9 @@ local function release_place(key, line, owner, stays_waiting)
       local _, _, _, held = parse(record)
       redis.call("HDEL", line.waiters, message_id(owner, held))
     end
+  elseif line and redis.call("LREM", line.list, 0, owner) > 0 then
+    -- It waited without a place (a send whose answer was lost, given up): it leaves the line.
+    redis.call("HDEL", line.waiters, owner)
   end
   local handed
   handed, count = hand_over(key, line, holders, count)
