@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 import uuid
 
 import dramatiq
@@ -21,6 +23,7 @@ from dramatiq.brokers.stub import StubBroker
 from pytest_redis import factories
 
 from dramatiq_unique import RedisBackend, StubBackend, UniqueJobs
+from dramatiq_unique.runtime import PERIODIC_THREAD, RELEASE_THREAD
 
 from .cluster import cluster_client, cluster_env, redis_cluster, replicated_cluster  # noqa: F401  (real Redis Clusters)
 from .sentinel import replicated_redis  # noqa: F401  (a primary, two replicas and three sentinels)
@@ -142,6 +145,23 @@ def _no_global_broker_leak():
     previous = dramatiq.get_broker() if dramatiq.broker.global_broker else None
     yield
     dramatiq.broker.global_broker = previous
+
+
+#: How long a test's teardown waits for the background threads its workers left running.
+THREAD_LEAK_WAIT = 15.0
+
+
+@pytest.fixture(autouse=True)
+def _no_background_thread_leak():
+    """A test's workers' periodic and release threads end with the test: one still finishing its
+    last round (a heartbeat against a server the test stopped) would otherwise log into a later
+    test's records, e.g. that it could not leave the worker registry."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + THREAD_LEAK_WAIT
+    for thread in set(threading.enumerate()) - before:
+        if thread.name in (PERIODIC_THREAD, RELEASE_THREAD):
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def pytest_configure(config):
