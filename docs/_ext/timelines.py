@@ -20,6 +20,7 @@ The module runs without Sphinx (the tests import it); Sphinx and docutils are im
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import threading
@@ -267,14 +268,10 @@ def render_svg(lock: str, phases: tuple[Phase, ...]) -> str:
     return "\n".join(out)
 
 
-_observed: dict[str, tuple[Phase, ...]] = {}
-
-
+@functools.cache
 def observed(lock: str) -> tuple[Phase, ...]:
     """:func:`observe` on a ``StubBackend``, once per lock type and build."""
-    if lock not in _observed:
-        _observed[lock] = observe(lock)
-    return _observed[lock]
+    return observe(lock)
 
 
 # Lines: several messages of one lock ---------------------------------------------------------
@@ -561,14 +558,10 @@ def render_line_svg(scenario: str, lanes: tuple[Lane, ...]) -> str:
     return "\n".join(out)
 
 
-_observed_lines: dict[str, tuple[Lane, ...]] = {}
-
-
+@functools.cache
 def observed_line(scenario: str) -> tuple[Lane, ...]:
     """:func:`observe_line` on a ``StubBackend``, once per scenario and build."""
-    if scenario not in _observed_lines:
-        _observed_lines[scenario] = observe_line(scenario)
-    return _observed_lines[scenario]
+    return observe_line(scenario)
 
 
 # The Sphinx extension -----------------------------------------------------------------------

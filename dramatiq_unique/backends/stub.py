@@ -233,7 +233,7 @@ class StubBackend(LockBackend):
             return SUPERSEDED
         lock = self._live(key, time.time_ns() // 1_000_000)
         place = lock.places.get(owner)
-        if self._served_before(key, owner, starting) or self._handed_to_another(place, starting):
+        if starting and (self._served_before(key, owner, starting) or self._handed_to_another(place, starting)):
             return STARTED_BEFORE
         if place is None:
             handed += self._hand_over(key)
