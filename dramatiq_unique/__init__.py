@@ -69,4 +69,4 @@ __all__ = [
     "EnqueueCancelled",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
