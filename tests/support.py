@@ -21,6 +21,15 @@ from dramatiq_unique.keys import enqueue_key, registry_key, run_key
 #: Retries that keep failing tests short.
 FAST_RETRIES = {"min_backoff": 10, "max_backoff": 40}
 
+#: The commands that call a lock script: FCALL where the server has Redis Functions, else EVALSHA.
+SCRIPT_CALLS = ("fcall", "fcall_ro", "evalsha")
+
+
+def pop_script_calls(calls: dict[str, int]) -> int:
+    """Remove the script calls from ``calls`` (command -> calls, from ``INFO commandstats``) and
+    return how many there were: the round trips of the lock transitions."""
+    return sum(calls.pop(command, 0) for command in SCRIPT_CALLS)
+
 
 class Seen(dramatiq.Middleware):
     """What the broker and workers did: skipped messages (dropped duplicates), enqueues, and a

@@ -367,7 +367,7 @@ def test_activity_reaches_redis_in_one_round_trip_per_heartbeat_and_reads_back(r
         monitor.mark("stopped")
         monitor.stop()
 
-        flush = f"EVALSHA {backend._add_counts.sha}"
+        flush = f"FCALL {backend._scripts.scripts.function('add_counts')}"
         scenario = monitor.between("start", "tick")
         assert not [c for c in scenario if c.startswith(flush) or c.startswith("HINCRBY")]
         assert len([c for c in monitor.between("tick", "ticked") if c.startswith(flush)]) == 1

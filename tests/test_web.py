@@ -301,8 +301,8 @@ def create_locks(backend: RedisBackend, count: int) -> None:
         holder = Holder(
             message_id=f"m{i}", actor=f"actor{i % 7}", queue="default", lock="until_executed", state="queued"
         )
-        backend._acquire(
-            keys=[enqueue_key("dramatiq-unique", f"{i:064x}")], args=[f"m{i}", 1, 0, 0, holder.to_json()], client=pipe
+        backend._scripts.pipeline_call(
+            pipe, "acquire", [enqueue_key("dramatiq-unique", f"{i:064x}")], [f"m{i}", 1, 0, 0, holder.to_json()]
         )
         if i % 2000 == 1999:
             pipe.execute()

@@ -8,12 +8,10 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from importlib import resources
 from typing import Any
 
 import redis
 import redis.sentinel
-from redis.commands.core import Script
 from redis.crc import key_slot
 
 from ..errors import InvalidBackendOptions, LockBackendError, LockStoreHealing
@@ -46,6 +44,7 @@ from .base import (
     parse_lock,
 )
 from .native_connection import native_client
+from .scripts import LuaScripts, ScriptCaller
 
 #: What redis-py raises when Redis cannot be reached or fails. RedisClusterException is
 #: no RedisError: a RedisCluster client raises it when no node of the cluster answers.
@@ -63,9 +62,6 @@ _MARK_LOOKS_EVERY = 60.0
 #: How long, in seconds, the refusal key of a cluster slot found moving is looked at apart from
 #: the scripts that take a place there: a script with keys on both sides of the move is refused.
 _MOVING_SLOT_SECONDS = 5.0
-
-#: The Lua functions every script starts with.
-_LIBRARY = "holders"
 
 #: How long a replaced message is remembered, in milliseconds: it is skipped
 #: if it reaches a worker within that time (7 days, Dramatiq's longest delay).
@@ -90,16 +86,6 @@ EVICTION_POLICIES = (
     "volatile-random",
     "volatile-ttl",
 )
-
-
-def _script_source(name: str, *, fence_retention: int) -> str:
-    lua = resources.files(__package__).joinpath("lua")
-    library = lua.joinpath(f"{_LIBRARY}.lua").read_text()
-    constants = (
-        f"local FENCE_RETENTION = {fence_retention}\nlocal UNHEALED_REFUSAL = {UNHEALED_REFUSAL}\n"
-        f"local SERVED_RETENTION = {SERVED_RETENTION}\n"
-    )
-    return f"{constants}{library}\n" + lua.joinpath(f"{name}.lua").read_text()
 
 
 class RedisBackend(LockBackend):
@@ -206,28 +192,7 @@ class RedisBackend(LockBackend):
         #: their refusal key is looked at apart from the scripts.
         self._moving_slots: dict[int, float] = {}
 
-        def script(name: str) -> Any:
-            return self.client.register_script(_script_source(name, fence_retention=fence_retention))
-
-        self._acquire = script("acquire")
-        self._line = script("line")
-        self._handed = script("handed")
-        self._hand_again = script("hand_again")
-        self._release = script("release")
-        self._release_many = script("release_many")
-        self._swap = script("swap")
-        self._replace = script("replace")
-        self._claim = script("claim")
-        self._renew = script("renew")
-        self._heartbeat = script("heartbeat")
-        self._heartbeats = script("heartbeats")
-        self._messages_in_hand = script("messages_in_hand")
-        self._forget_workers = script("forget_workers")
-        self._epoch = script("epoch")
-        self._release_record = script("release_record")
-        self._read = script("read")
-        self._release_records = script("release_records")
-        self._add_counts = script("add_counts")
+        self._scripts = ScriptCaller(_lua_scripts(fence_retention), client)
 
     @classmethod
     def from_url(
@@ -341,22 +306,22 @@ class RedisBackend(LockBackend):
         refusal = () if healing else self._refusal_keys(key)
         args = [owner, limit, ttl or 0, extend, holder.encode(owner)]
         if waiter is None:
-            return _acquisition(self._call(self._acquire, [key], args, refusal=refusal))
+            return _acquisition(self._call("acquire", [key], args, refusal=refusal))
         mode = "send" if starting is None else "start"
         args += [mode, starting or "", *_waiter_args(waiter, holder, limit)]
-        reply, handed = self._call(self._line, [key, *_line_keys(key)], args, refusal=refusal)
+        reply, handed = self._call("line", [key, *_line_keys(key)], args, refusal=refusal)
         self.hand_over(handed)
         return _acquisition(reply)
 
     def record_handoff(self, key: str, owner: str, *, holder: Holder, handoff: int) -> Acquisition:
-        return _acquisition(self._call(self._handed, [key], [owner, holder.encode(owner), handoff]))
+        return _acquisition(self._call("handed", [key], [owner, holder.encode(owner), handoff]))
 
     def hand_again(self, key: str, owner: str, record: str) -> str | None:
-        handed = self._call(self._hand_again, [key, *_line_keys(key)], [owner, record])
+        handed = self._call("hand_again", [key, *_line_keys(key)], [owner, record])
         return None if handed is None else _text(handed)
 
     def release(self, key: str, owner: str) -> bool:
-        released, handed = self._call(self._release, [key, *_line_keys(key)], [owner])
+        released, handed = self._call("release", [key, *_line_keys(key)], [owner])
         self.hand_over(handed)
         return bool(released)
 
@@ -374,7 +339,7 @@ class RedisBackend(LockBackend):
                 groups.setdefault(self.client.keyslot(key) if cluster else 0, []).append(i)  # type: ignore[union-attr]
         for group in groups.values():
             keys = [key for i in group for key in (places[i][0], *_line_keys(places[i][0]))]
-            reply, handed = self._call(self._release_many, keys, [places[i][1] for i in group])
+            reply, handed = self._call("release_many", keys, [places[i][1] for i in group])
             for i, answer in zip(group, reply, strict=True):
                 released[i] = bool(answer)
             self.hand_over(handed)
@@ -393,7 +358,7 @@ class RedisBackend(LockBackend):
         debounce_cap: int | None = None,
     ) -> Acquisition:
         reply = self._call(
-            self._replace,
+            "replace",
             [key, replaced_key, debounce_key(key)],
             [owner, limit, ttl or 0, extend, holder.encode(owner), REPLACED_TTL, debounce_cap or 0],
             refusal=self._refusal_keys(key),
@@ -404,7 +369,7 @@ class RedisBackend(LockBackend):
         self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder, starting: str = ""
     ) -> str:
         reply, handed = self._call(
-            self._claim,
+            "claim",
             [key, replaced_key, *_line_keys(key)],
             [owner, "release" if release else "run", holder.encode(owner), starting],
         )
@@ -429,7 +394,7 @@ class RedisBackend(LockBackend):
         if waiter is not None:
             args += ["start", *_waiter_args(waiter, holder, limit)]
         reply, handed = self._call(
-            self._swap,
+            "swap",
             [
                 release_key,
                 acquire_key,
@@ -446,21 +411,21 @@ class RedisBackend(LockBackend):
         return _acquisition(reply)
 
     def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
-        reply = int(self._call(self._renew, [key], [owner, ttl, deadline or 0]))
+        reply = int(self._call("renew", [key], [owner, ttl, deadline or 0]))
         return None if reply < 0 else reply
 
     def heartbeat(self, key: str, worker_id: str, *, ttl: int, in_hand: MessagesInHand | None = None) -> int:
         if in_hand is None:
-            return int(self._call(self._heartbeat, [key], [worker_id, ttl]))
-        return int(self._call(self._heartbeat, [key, in_hand_key(key)], [worker_id, ttl, in_hand.encode()]))
+            return int(self._call("heartbeat", [key], [worker_id, ttl]))
+        return int(self._call("heartbeat", [key, in_hand_key(key)], [worker_id, ttl, in_hand.encode()]))
 
     def heartbeats(self, key: str) -> tuple[int, dict[str, int]]:
-        reply = self._call(self._heartbeats, [key], [], writes=False)
+        reply = self._call("heartbeats", [key], [], writes=False)
         entries = reply[1:]
         return int(reply[0]), {_text(entries[i]): int(float(entries[i + 1])) for i in range(0, len(entries), 2)}
 
     def messages_in_hand(self, key: str) -> tuple[int, dict[str, int], dict[str, MessagesInHand]]:
-        now, registry, published = self._call(self._messages_in_hand, [key, in_hand_key(key)], [], writes=False)
+        now, registry, published = self._call("messages_in_hand", [key, in_hand_key(key)], [], writes=False)
         alive_until = {_text(registry[i]): int(float(registry[i + 1])) for i in range(0, len(registry), 2)}
         in_hand = {
             _text(published[i]): MessagesInHand.decode(_text(published[i + 1])) for i in range(0, len(published), 2)
@@ -469,7 +434,7 @@ class RedisBackend(LockBackend):
 
     def forget_workers(self, key: str, *, worker_id: str | None = None, before: int | None = None) -> int:
         which = ["worker", worker_id] if worker_id is not None else ["before", before]
-        return int(self._call(self._forget_workers, [key, in_hand_key(key)], which))
+        return int(self._call("forget_workers", [key, in_hand_key(key)], which))
 
     def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
         # A glob character in the prefix is escaped. SCAN costs O(count) per step.
@@ -513,7 +478,7 @@ class RedisBackend(LockBackend):
         # On one node, a mark this process saw that went is refused in the same step (new_places_refused).
         refusal = [refusal_key(prefix)] if prefix in self._marks_seen and not _is_cluster(self.client) else []
         marks = {
-            key: _text(self._call(self._epoch, [key, *refusal], [uuid.uuid4().hex], writes=False))
+            key: _text(self._call("epoch", [key, *refusal], [uuid.uuid4().hex], writes=False))
             for key in self._epoch_keys(prefix)
         }
         self._marks_seen.add(prefix)
@@ -616,7 +581,7 @@ class RedisBackend(LockBackend):
         return sorted(keys.values())
 
     def release_record(self, key: str, owner: str, record: str) -> bool:
-        released, handed = self._call(self._release_record, [key, *_line_keys(key)], [owner, record])
+        released, handed = self._call("release_record", [key, *_line_keys(key)], [owner, record])
         self.hand_over(handed)
         return bool(released)
 
@@ -646,7 +611,7 @@ class RedisBackend(LockBackend):
         return int(seconds) * 1000 + int(micros) // 1000
 
     def read(self, keys: Sequence[str]) -> tuple[int, list[LockRecord]]:
-        reply = self._call(self._read, list(keys), [], writes=False)
+        reply = self._call("read", list(keys), [], writes=False)
         locks: dict[str, dict[str, str]] = {}
         for i in range(1, len(reply), 3):
             locks.setdefault(keys[int(reply[i]) - 1], {})[_text(reply[i + 1])] = _text(reply[i + 2])
@@ -657,7 +622,7 @@ class RedisBackend(LockBackend):
 
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
         args = [value for owner, record in records.items() for value in (owner, record)]
-        released, handed = self._call(self._release_records, [key, *_line_keys(key)], args)
+        released, handed = self._call("release_records", [key, *_line_keys(key)], args)
         self.hand_over(handed)
         return [_text(owner) for owner in released]
 
@@ -681,7 +646,7 @@ class RedisBackend(LockBackend):
             for field, count in fields.items():
                 args += (field, count)
         # Activity counters need no replica: a failover may lose a few seconds of counts, no lock.
-        self._call(self._add_counts, list(counts), args, writes=False)
+        self._call("add_counts", list(counts), args, writes=False)
 
     def read_counts(self, keys: Sequence[str]) -> list[dict[str, int]]:
         try:
@@ -694,9 +659,9 @@ class RedisBackend(LockBackend):
         return [{_text(field): int(count) for field, count in fields.items()} for fields in contents]
 
     def _call(
-        self, script: Script, keys: list[str], args: list[Any], *, writes: bool = True, refusal: Sequence[str] = ()
+        self, script: str, keys: list[str], args: list[Any], *, writes: bool = True, refusal: Sequence[str] = ()
     ) -> Any:
-        """Run ``script`` in one round trip; a script that ``writes`` also waits for
+        """Run the script named ``script`` in one round trip; a script that ``writes`` also waits for
         ``min_replicas`` replicas in that round trip. ``refusal``: the keys a script that takes
         a place checks last (see _refusal_keys)."""
         deadline = None
@@ -711,7 +676,7 @@ class RedisBackend(LockBackend):
             try:
                 if writes and self.min_replicas:
                     return self._call_replicated(script, [*keys, *refusal], args)
-                return script(keys=[*keys, *refusal], args=args)
+                return self._scripts(script, [*keys, *refusal], args)
             except (redis.exceptions.ClusterError, redis.exceptions.TryAgainError) as e:
                 if refusal:  # (redis-py's retries of TRYAGAIN end in either error)
                     self._moving_slots[key_slot(keys[0].encode())] = time.monotonic() + _MOVING_SLOT_SECONDS
@@ -726,7 +691,7 @@ class RedisBackend(LockBackend):
                     self._stale_slots = True  # a master may have failed over: ask for the slot map again
                 raise _backend_error(e) from e
 
-    def _call_replicated(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+    def _call_replicated(self, script: str, keys: list[str], args: list[Any]) -> Any:
         # WAIT counts the replicas that have every write of the connection it is sent on: it goes
         # in one pipeline with the script, to the node that owns the keys. redis-py's cluster
         # pipeline would send a redirected script on another connection than its WAIT, so the
@@ -736,12 +701,12 @@ class RedisBackend(LockBackend):
             pipe = node.pipeline(transaction=False)
             if asking:
                 pipe.execute_command("ASKING")
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            self._scripts.pipeline_call(pipe, script, keys, args)
             self._append_wait(pipe)
             *_, reply, acknowledged = pipe.execute(raise_on_error=False)
-            if isinstance(reply, redis.exceptions.NoScriptError):
+            if self._scripts.missing(reply):
                 # The server lost its scripts (a restart, a failover): the script did not run.
-                script.sha = node.script_load(script.script)
+                self._scripts.load_on(node, script)
                 continue
             if isinstance(reply, redis.exceptions.MovedError):
                 # The slot is served by another master now; the script did not run.
@@ -806,6 +771,17 @@ class RedisBackend(LockBackend):
         client: Any = self.client
         client.nodes_manager.initialize()
         self._stale_slots = False
+
+
+@functools.cache
+def _lua_scripts(fence_retention: int) -> LuaScripts:
+    return LuaScripts(
+        constants={
+            "FENCE_RETENTION": fence_retention,
+            "UNHEALED_REFUSAL": UNHEALED_REFUSAL,
+            "SERVED_RETENTION": SERVED_RETENTION,
+        }
+    )
 
 
 def _check_integer(name: str, value: Any, *, minimum: int, unit: str) -> None:

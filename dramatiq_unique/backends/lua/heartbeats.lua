@@ -1,3 +1,4 @@
+-- flags: no-writes
 -- Reads the worker registry with the server's clock, in one step.
 -- KEYS[1]: the worker registry. Returns {now, worker_id, alive until, ...}.
 local now = clock()

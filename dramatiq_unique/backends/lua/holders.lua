@@ -1,5 +1,6 @@
--- Functions shared by every dramatiq_unique script; RedisBackend puts this
--- file in front of each script before registering it.
+-- Functions shared by every dramatiq_unique script. RedisBackend loads them once per
+-- server with every script, as a library of Redis Functions, where the server has
+-- them (scripts.py); elsewhere it puts this file in front of each script, called by SHA.
 --
 -- A lock is one HASH. Two fields are the lock's own: "fence" holds the last
 -- fencing token issued, "names" the actor and queue its holders share (below).
@@ -71,6 +72,12 @@ end
 local known = {}
 -- The field writes of each lock not sent yet: field -> value, false to delete.
 local staged = {}
+
+-- Forgets the clock read and the hashes read by an earlier call: a library of Redis
+-- Functions keeps this file's state from one call to the next.
+local function begin_call()
+  now_ms, now_us, known, staged = nil, nil, {}, {}
+end
 
 local function stage(key, field, value)
   if not staged[key] then staged[key] = {} end

@@ -1,3 +1,4 @@
+-- flags: no-writes
 -- Reads the worker registry and what each worker last published of the messages in its hands,
 -- with the server's clock, in one step.
 -- KEYS[1]: the worker registry; KEYS[2]: the hash of publications.

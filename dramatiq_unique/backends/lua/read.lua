@@ -1,3 +1,4 @@
+-- flags: no-writes
 -- Reads the places of the locks of one digest, for the operations API; changes nothing.
 -- KEYS: the locks (one digest, one hash slot).
 -- Returns {now, key index, field, value, key index, field, value, ...}: each lock's fields

@@ -1,0 +1,202 @@
+"""The Lua scripts of :class:`~dramatiq_unique.backends.redis.RedisBackend`, and how they are called.
+
+Every script shares the functions of ``lua/holders.lua``. Where the server has Redis Functions
+(Redis 7 and Valkey), the library of them all is loaded once per server and each script is one
+``FCALL``: the shared functions are defined once, at load, instead of in every call, which was
+most of a lock script's server time. Elsewhere (Redis 6, or a user denied ``FUNCTION LOAD``)
+each script is the shared functions followed by its own body, called by ``EVALSHA``. Both kinds
+read and write the same keys and records, so processes of either kind, and of the previous
+release, run side by side on one server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Iterable
+from importlib import resources
+from typing import Any
+
+import redis
+
+#: The Lua file whose functions every script starts with.
+_LIBRARY = "holders"
+
+#: The flags a script declares in a comment of its own (``-- flags: no-writes``): a script
+#: that changes nothing runs on a replica, and while the server is out of memory.
+_FLAGS = re.compile(r"^-- flags: ([a-z-]+(?: [a-z-]+)*)$", re.MULTILINE)
+
+#: What a server answers to FCALL of a function it does not have: it lost its functions (a
+#: restart without persistence) or never had them (a cluster master that a slot moved to).
+_NOT_LOADED = "function not found"
+
+
+class LuaScripts:
+    """The scripts of one backend, with its constants in front of the shared functions.
+
+    Parameters:
+      constants(dict[str, int]): The Lua constants the shared functions read, e.g.
+        ``FENCE_RETENTION``, defined in front of them.
+    """
+
+    def __init__(self, *, constants: dict[str, int]) -> None:
+        lua = resources.files(__package__).joinpath("lua")
+        prelude = "".join(f"local {name} = {value}\n" for name, value in constants.items())
+        prelude += lua.joinpath(f"{_LIBRARY}.lua").read_text()
+        self._bodies = {
+            path.name.removesuffix(".lua"): path.read_text()
+            for path in lua.iterdir()
+            if path.name.endswith(".lua") and path.name != f"{_LIBRARY}.lua"
+        }
+        self._prelude = prelude
+        # Named by its content: libraries of two releases, or of two fence retentions, never
+        # replace each other's functions on a server both use.
+        self.version = hashlib.sha1((prelude + "".join(sorted(self._bodies.values()))).encode()).hexdigest()[:12]
+        self.library = f"dramatiq_unique_{self.version}"
+        self.library_source = self._library_source()
+        self._sources = {name: f"{prelude}\n{body}" for name, body in self._bodies.items()}
+        self.shas = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in self._sources.items()}
+
+    def names(self) -> Iterable[str]:
+        return self._bodies
+
+    def function(self, name: str) -> str:
+        """The name of script ``name``'s function in the library."""
+        return f"du_{self.version}_{name}"
+
+    def read_only(self, name: str) -> bool:
+        return "no-writes" in _flags(self._bodies[name])
+
+    def source(self, name: str) -> str:
+        """Script ``name`` as one chunk for EVAL: the shared functions, then its body."""
+        return self._sources[name]
+
+    def _library_source(self) -> str:
+        # Each body becomes a function of KEYS and ARGV, so that it reads as the script it is
+        # under EVALSHA; begin_call forgets what the previous call left in the library's state.
+        parts = [f"#!lua name={self.library}\n", self._prelude]
+        for name, body in sorted(self._bodies.items()):
+            flags = "".join(f'"{flag}", ' for flag in _flags(body))
+            parts.append(
+                f"\nredis.register_function{{function_name = {self.function(name)!r}, flags = {{{flags}}},\n"
+                f"callback = function(KEYS, ARGV)\nbegin_call()\n{body}\nend}}\n"
+            )
+        return "".join(parts)
+
+
+def _flags(body: str) -> list[str]:
+    found = _FLAGS.search(body)
+    return found.group(1).split() if found else []
+
+
+class ScriptCaller:
+    """Calls the scripts on one client: ``FCALL`` when the server took the library, else
+    ``EVALSHA``, chosen at the first call; a server that lost them gets them again.
+
+    Parameters:
+      scripts(LuaScripts): The scripts.
+      client(redis.Redis | redis.RedisCluster): The client of the server or of the cluster.
+    """
+
+    def __init__(self, scripts: LuaScripts, client: Any) -> None:
+        self.scripts = scripts
+        self.client = client
+        #: None until the first call: then whether the server runs the library.
+        self.functions: bool | None = None
+        self._choosing = threading.Lock()
+
+    def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run script ``name`` in one round trip; errors are redis-py's."""
+        if self.functions is None:
+            self._choose()
+        if self.functions:
+            command = "FCALL_RO" if self.scripts.read_only(name) else "FCALL"
+            try:
+                return self._fcall(command, name, keys, args)
+            except redis.ResponseError as e:
+                if _NOT_LOADED not in str(e).lower():
+                    raise
+                # The function never ran: load the library where the keys are, and call again.
+                self.load(self._node_of(keys))
+                return self._fcall(command, name, keys, args)
+        try:
+            return self.client.evalsha(self.scripts.shas[name], len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            self.client.script_load(self.scripts.source(name))  # on every master of a cluster
+            return self.client.evalsha(self.scripts.shas[name], len(keys), *keys, *args)
+
+    def pipeline_call(self, pipe: Any, name: str, keys: list[str], args: list[Any]) -> None:
+        """Append a call of script ``name`` to ``pipe``, a pipeline of one server."""
+        if self.functions is None:
+            self._choose()
+        if self.functions:
+            pipe.fcall(self.scripts.function(name), len(keys), *keys, *args)
+        else:
+            pipe.evalsha(self.scripts.shas[name], len(keys), *keys, *args)
+
+    def missing(self, reply: Any) -> bool:
+        """Whether a pipeline's ``reply`` says that the server had not the script."""
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            return True
+        return isinstance(reply, redis.ResponseError) and _NOT_LOADED in str(reply).lower()
+
+    def load_on(self, node: Any, name: str) -> None:
+        """Give ``node``, a client of one server, the script ``name`` it lacked."""
+        if self.functions:
+            self.load(node)
+        else:
+            node.script_load(self.scripts.source(name))
+
+    def load(self, node: Any = None) -> None:
+        """Load the library on ``node``, a client of one server; by default on the client's
+        server, or on every master of its cluster. REPLACE: a library of the same name is the
+        same code, which another process may have loaded meanwhile."""
+        (self.client if node is None else node).function_load(self.scripts.library_source, replace=True)
+
+    def _choose(self) -> None:
+        with self._choosing:
+            if self.functions is not None:
+                return
+            try:
+                self.load()
+            except redis.ResponseError as e:
+                # Redis 6 has no FUNCTION; an ACL may deny it to this user; either way EVALSHA runs the same scripts.
+                if not _refused(e):
+                    raise
+                self.functions = False
+            else:
+                self.functions = True
+
+    def _fcall(self, command: str, name: str, keys: list[str], args: list[Any]) -> Any:
+        function = self.scripts.function(name)
+        if not isinstance(self.client, redis.RedisCluster) or not keys:
+            return self.client.execute_command(command, function, len(keys), *keys, *args)
+        # redis-py would ask a node which keys an FCALL has (COMMAND GETKEYS), a round trip more:
+        # they are known, and all share the first one's slot. A node named so is not tried again
+        # by redis-py after a connection error, as it tries an EVALSHA: so it is here, with the
+        # slot map read again, as often as the client's retry allows.
+        for _ in range(self.client.retry.get_retries()):
+            try:
+                return self._fcall_at_slot(command, function, keys, args)
+            except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError):
+                self.client.nodes_manager.initialize()
+        return self._fcall_at_slot(command, function, keys, args)
+
+    def _fcall_at_slot(self, command: str, function: str, keys: list[str], args: list[Any]) -> Any:
+        client: Any = self.client
+        node = client.get_node_from_key(keys[0])
+        return client.execute_command(command, function, len(keys), *keys, *args, target_nodes=node)
+
+    def _node_of(self, keys: list[str]) -> Any:
+        if not isinstance(self.client, redis.RedisCluster) or not keys:
+            return None
+        client: Any = self.client
+        return client.get_redis_connection(client.get_node_from_key(keys[0]))
+
+
+def _refused(error: redis.ResponseError) -> bool:
+    """Whether ``error`` is the answer of a server without Redis Functions, or of one that does
+    not let this user load them."""
+    text = str(error).lower()
+    return "unknown command" in text or "noperm" in text or "no permissions" in text or "unknown subcommand" in text
