@@ -691,11 +691,17 @@ def test_redis_scripts_read_and_write_a_lock_once(redis_client):
 
     acquire = inner_calls(lambda: backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder))
     # One EXISTS: whether the store refuses new places while it heals after a loss of its data.
-    assert acquire == {"exists": 1, "time": 1, "hgetall": 1, "hset": 1, "persist": 1}
+    # A new key has no expiry to take away.
+    assert acquire == {"exists": 1, "time": 1, "hgetall": 1, "hset": 1}
+    assert redis_client.pttl(KEY) == -1
     release = inner_calls(lambda: backend.release(KEY, "m1"))
     # Besides the hash: its message leaves the waiters of a line (HDEL), and the head of the
     # lock's line, if any, is handed the place (LINDEX); both keys exist only while messages wait.
     assert release == {"hgetall": 1, "hdel": 2, "lindex": 1, "object|encoding": 1, "pexpireat": 1}
+    # The key kept its fence, which expires: a holder that never lapses takes that expiry away.
+    again = inner_calls(lambda: backend.acquire(KEY, "m2", limit=1, ttl=None, holder=holder))
+    assert again == {"exists": 1, "time": 1, "hgetall": 1, "hset": 1, "persist": 1}
+    assert redis_client.pttl(KEY) == -1
 
 
 def test_redis_release_compacts_only_a_hash_that_needs_it(redis_client):

@@ -70,13 +70,15 @@ end
 
 -- The fence and names fields of each lock whose hash this script read (false: absent).
 local known = {}
+-- The locks whose hash this script found absent: one it creates has no expiry to take away.
+local absent = {}
 -- The field writes of each lock not sent yet: field -> value, false to delete.
 local staged = {}
 
 -- Forgets the clock read and the hashes read by an earlier call: a library of Redis
 -- Functions keeps this file's state from one call to the next.
 local function begin_call()
-  now_ms, now_us, known, staged = nil, nil, {}, {}
+  now_ms, now_us, known, absent, staged = nil, nil, {}, {}, {}
 end
 
 local function stage(key, field, value)
@@ -210,6 +212,7 @@ local function live_holders(key)
     end
   end
   known[key] = lock
+  absent[key] = #fields == 0
   return holders, count
 end
 
@@ -239,7 +242,7 @@ local function expire_with_holders(key, holders, count)
   for _, record in pairs(holders) do
     local expires_at = parse(record)
     if not expires_at then
-      redis.call("PERSIST", key)
+      if not absent[key] then redis.call("PERSIST", key) end
       return
     end
     if expires_at > latest then latest = expires_at end
