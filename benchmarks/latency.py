@@ -140,7 +140,9 @@ def operations(client: redis.Redis, prefix: str, count: int) -> dict[str, Callab
 
     plain_broker = RedisBroker(client=client, namespace=f"{prefix}-plain")
     locked_broker = RedisBroker(client=client, namespace=f"{prefix}-locked")
-    locked_broker.add_middleware(UniqueJobs(backend=backend), before=TimeLimit)
+    # A prefix of its own: the same messages sent through another parser's client must find their
+    # locks free, not those of this one.
+    locked_broker.add_middleware(UniqueJobs(backend=backend, lock_prefix=prefix), before=TimeLimit)
 
     @dramatiq.actor(broker=plain_broker, actor_name="settle_payment", queue_name="payments")
     def plain(i: int) -> None:
