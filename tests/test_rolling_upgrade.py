@@ -243,8 +243,9 @@ def keys_without_expiry(store: Store) -> list[str]:
 
 
 def assert_every_lock_key_expires(store: Store, digest: str) -> None:
-    """Once the messages of a lock are done (their releases are sent in the background, so within
-    a few seconds), every key of its digest expires: a key left without one would stay forever."""
+    """Once the messages of the lock of ``digest`` are done, every key under the lock prefix expires,
+    but for those meant to stay: a key left without an expiry would stay for ever. (A worker sends
+    its releases from a thread of its own, milliseconds after the run: the check waits for them.)"""
     deadline = time.monotonic() + 5
     while keys_without_expiry(store) and time.monotonic() < deadline:
         time.sleep(0.05)
