@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import statistics
 import threading
 import time
@@ -33,6 +34,7 @@ from dramatiq.rate_limits import ConcurrentRateLimiter
 from dramatiq.rate_limits.backends import RedisBackend as RateLimitBackend
 
 from dramatiq_unique import RedisBackend, UniqueJobs, require_current_lock
+from dramatiq_unique.runtime import RELEASE_THREAD
 
 try:
     from ._server import redis_urls
@@ -57,6 +59,9 @@ class Meter:
     stop: int
     started: float = 0.0
     stopped: float = 0.0
+    #: CPU seconds of the process and of the release thread at the start and at the stop.
+    cpu_started: tuple[float, float] = (0.0, 0.0)
+    cpu_stopped: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         self._count = itertools.count(1)
@@ -66,13 +71,34 @@ class Meter:
         n = next(self._count)
         if n == self.start:
             self.started = time.perf_counter()
+            self.cpu_started = (time.process_time(), thread_cpu(RELEASE_THREAD))
         elif n == self.stop:
             self.stopped = time.perf_counter()
+            self.cpu_stopped = (time.process_time(), thread_cpu(RELEASE_THREAD))
             self.done.set()
 
     @property
     def rate(self) -> float:
         return (self.stop - self.start) / (self.stopped - self.started)
+
+    @property
+    def release_cpu_share(self) -> float:
+        """The release thread's share of the process's CPU time while the clock ran: its share
+        of the interpreter lock is at most that, as it gives the lock up in each system call."""
+        process = self.cpu_stopped[0] - self.cpu_started[0]
+        return (self.cpu_stopped[1] - self.cpu_started[1]) / process if process else 0.0
+
+
+def thread_cpu(name: str) -> float:
+    """CPU seconds (user and system) that the live thread called ``name`` used so far, from
+    /proc (Linux); 0 without such a thread."""
+    for thread in threading.enumerate():
+        if thread.name == name and thread.native_id is not None:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
+                # After the command name in parentheses: the state is field 3, utime 14, stime 15.
+                fields = stat.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
 
 
 def worker_rate(
@@ -86,6 +112,7 @@ def worker_rate(
     accounts: bool = False,
     background_releases: bool = True,
     windows: list[float] | None = None,
+    release_cpu: list[float] | None = None,
 ) -> float:
     """Messages per second in the steady state of a busy worker.
 
@@ -96,6 +123,8 @@ def worker_rate(
       background_releases(bool): The middleware's option of that name.
       windows(list): If given, gets the time between the end of each counted message's actor
         and the answer to its lock's release, in seconds.
+      release_cpu(list): If given, gets the release thread's share of the process's CPU time
+        in the steady state.
     """
     client = redis.Redis.from_url(broker_url)
     locks = redis.Redis.from_url(locks_url)
@@ -151,6 +180,8 @@ def worker_rate(
     locks.flushdb()
     client.close()
     locks.close()
+    if release_cpu is not None:
+        release_cpu.append(meter.release_cpu_share)
     return meter.rate
 
 
@@ -170,6 +201,7 @@ class P3:
     other_redis: list[float]  # ratio per round, locks on another server
     plain: list[float]  # messages/s per round
     synchronous: list[float]  # ratio per round, broker's Redis, background_releases=False (8 threads only)
+    release_cpu: list[float]  # the release thread's share of the process's CPU per round, broker's Redis
 
 
 @dataclass
@@ -190,10 +222,13 @@ def measure_p3(
 ) -> list[P3]:
     figures = []
     runs: dict[str, Any] = {}
+    release_cpu: dict[int, list[float]] = {n: [] for n in threads}
     for n in threads:
         config = {"threads": n, "counted": counted_for(n)}
         runs[f"plain/{n}"] = lambda c=config: worker_rate(broker_url, broker_url, **c)
-        runs[f"same/{n}"] = lambda c=config: worker_rate(broker_url, broker_url, lock="until_executed", **c)
+        runs[f"same/{n}"] = lambda c=config, shares=release_cpu[n]: worker_rate(
+            broker_url, broker_url, lock="until_executed", release_cpu=shares, **c
+        )
         runs[f"other/{n}"] = lambda c=config: worker_rate(broker_url, other_url, lock="until_executed", **c)
         if n == 8:
             runs["sync/8"] = lambda c=config: worker_rate(
@@ -209,6 +244,7 @@ def measure_p3(
                 other_redis=[a / b for a, b in zip(results[f"other/{n}"], plain, strict=True)],
                 plain=plain,
                 synchronous=[a / b for a, b in zip(results.get(f"sync/{n}", []), plain, strict=False)],
+                release_cpu=release_cpu[n],
             )
         )
     return figures

@@ -151,6 +151,11 @@ def main() -> None:
         )
     synchronous = median_range(eight.synchronous, pct)
     print(f"   8 threads, releases in the worker threads (background_releases=False): {synchronous}")
+    print(
+        "  The release thread's share of the worker process's CPU time, locks on the broker's Redis "
+        "(its share of the interpreter lock is at most this): "
+        + ", ".join(f"{f.threads} threads {median_range(f.release_cpu, pct)}" for f in p3)
+    )
     for name, values in (("background", window.background), ("in the worker threads", window.synchronous)):
         print(
             f"How long a finished message still holds its lock, 8 threads, releases {name}: "
