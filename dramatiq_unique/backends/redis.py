@@ -39,6 +39,7 @@ from .base import (
     Acquisition,
     EvictionRisk,
     Holder,
+    Lease,
     LockBackend,
     LockRecord,
     MessagesInHand,
@@ -219,6 +220,7 @@ class RedisBackend(LockBackend):
         self._replace = script("replace")
         self._claim = script("claim")
         self._renew = script("renew")
+        self._renew_many = script("renew_many")
         self._heartbeat = script("heartbeat")
         self._heartbeats = script("heartbeats")
         self._messages_in_hand = script("messages_in_hand")
@@ -448,6 +450,27 @@ class RedisBackend(LockBackend):
     def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
         reply = int(self._call(self._renew, [key], [owner, ttl, deadline or 0]))
         return None if reply < 0 else reply
+
+    def renew_many(self, leases: Sequence[Lease]) -> list[int | None | LockBackendError]:
+        # One script call for them all; on Redis Cluster one per hash slot, as a script's keys
+        # must share one.
+        groups: dict[int, list[int]] = {}
+        cluster = _is_cluster(self.client)
+        for i, lease in enumerate(leases):
+            groups.setdefault(key_slot(lease.key.encode()) if cluster else 0, []).append(i)
+        calls = [
+            (
+                [leases[i].key for i in group],
+                [arg for i in group for arg in (leases[i].owner, leases[i].ttl, leases[i].deadline or 0)],
+            )
+            for group in groups.values()
+        ]
+        answers: list[int | None | LockBackendError] = [None] * len(leases)
+        for group, reply in zip(groups.values(), self._call_many(self._renew_many, calls), strict=True):
+            for at, i in enumerate(group):
+                answer = reply if isinstance(reply, LockBackendError) else int(reply[at])
+                answers[i] = None if isinstance(answer, int) and answer < 0 else answer
+        return answers
 
     def heartbeat(self, key: str, worker_id: str, *, ttl: int, in_hand: MessagesInHand | None = None) -> int:
         if in_hand is None:
@@ -722,9 +745,62 @@ class RedisBackend(LockBackend):
                     raise _backend_error(e) from e
                 time.sleep(0.05)
             except _REDIS_ERRORS as e:
-                if isinstance(e, (redis.ConnectionError, redis.TimeoutError)) and _is_cluster(self.client):
-                    self._stale_slots = True  # a master may have failed over: ask for the slot map again
-                raise _backend_error(e) from e
+                raise self._failed(e) from e
+
+    def _call_many(self, script: Script, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run ``script`` once for each ``(keys, args)`` of ``calls``, as :meth:`_call` does; the
+        keys of each call share one hash slot on Redis Cluster. Returns the reply of each, or the
+        :class:`LockBackendError` it failed with: a failed call leaves the others' replies.
+
+        On Redis Cluster, the calls to one master go in one pipeline of that master (redis-py's
+        cluster pipeline refuses EVALSHA), with its WAIT for ``min_replicas``: one round trip per
+        master. A call that failed there (NOSCRIPT, a slot that moved) runs again on its own
+        through :meth:`_call`; a master that could not be reached fails its calls only."""
+        replies: list[Any] = [None] * len(calls)
+        if len(calls) == 1 or not _is_cluster(self.client):
+            for n, (keys, args) in enumerate(calls):
+                try:
+                    replies[n] = self._call(script, keys, args)
+                except LockBackendError as e:
+                    replies[n] = e
+            return replies
+        masters: dict[int, tuple[Any, list[int]]] = {}
+        try:
+            for n, (keys, _) in enumerate(calls):
+                master = self._primary_for(keys[0])
+                masters.setdefault(id(master), (master, []))[1].append(n)
+        except _REDIS_ERRORS as e:
+            return [self._failed(e)] * len(calls)
+        for master, group in masters.values():
+            pipe = master.pipeline(transaction=False)
+            for n in group:
+                keys, args = calls[n]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            if self.min_replicas:
+                self._append_wait(pipe)
+            try:
+                pipelined = pipe.execute(raise_on_error=False)
+                if self.min_replicas:
+                    self._check_wait(pipelined.pop())
+            except (LockBackendError, *_REDIS_ERRORS) as e:
+                error = e if isinstance(e, LockBackendError) else self._failed(e)
+                for n in group:
+                    replies[n] = error
+                continue
+            for n, reply in zip(group, pipelined, strict=True):
+                if isinstance(reply, Exception):
+                    try:
+                        reply = self._call(script, *calls[n])
+                    except LockBackendError as e:
+                        reply = e
+                replies[n] = reply
+        return replies
+
+    def _failed(self, e: Exception) -> LockBackendError:
+        """The :class:`LockBackendError` of a call that failed with ``e``."""
+        if isinstance(e, (redis.ConnectionError, redis.TimeoutError)) and _is_cluster(self.client):
+            self._stale_slots = True  # a master may have failed over: ask for the slot map again
+        return _backend_error(e)
 
     def _call_replicated(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         # WAIT counts the replicas that have every write of the connection it is sent on: it goes
