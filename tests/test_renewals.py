@@ -13,7 +13,8 @@ import pytest
 from dramatiq.brokers.redis import RedisBroker
 from redis.crc import key_slot
 
-from dramatiq_unique import RedisBackend, UniqueJobs
+from dramatiq_unique import LockEvent, RedisBackend, UniqueJobs
+from dramatiq_unique.keys import registry_key
 
 from .support import Env, wait_for
 
@@ -134,3 +135,52 @@ def test_the_leases_of_64_running_messages_are_renewed_in_one_call_per_heartbeat
         slots = [{key_slot(key.encode()) for key in keys} for keys in calls_of_round]
         assert all(len(slot) == 1 for slot in slots)
         assert len(set.union(set(), *slots)) == len(slots), f"{len(slots)} renewal calls for fewer slots in one round"
+
+
+@pytest.mark.parametrize("lease_env", ["cluster"], indirect=True)
+def test_a_master_that_fails_the_renewals_of_its_locks_leaves_the_other_masters_renewed(lease_env, caplog):
+    # A master out of memory refuses the renewals of the locks it serves: each of those is told
+    # (a WARNING, a backend_error event), the locks on the other masters are renewed meanwhile,
+    # and once the master is back every lock is held still.
+    env, nodes = lease_env
+    started: list[str] = []
+    finish = threading.Event()
+    errors: list[LockEvent] = []
+    env.middleware.subscribe("backend_error", errors.append)
+
+    @env.actor(queue_name="sync", lock="while_executing", lock_args_method=lambda account, copy: [account])
+    def sync(account, copy):
+        started.append(account)
+        finish.wait(20)
+
+    env.worker(threads=ACCOUNTS + 8)
+    # The registry and the marks of the store's data stay writable: heartbeats go on.
+    registry_master = env.backend._primary_for(registry_key("dramatiq-unique"))
+    port = registry_master.connection_pool.connection_kwargs["port"]
+    master = next(node for node in nodes if node.connection_pool.connection_kwargs["port"] != port)
+    try:
+        for account in range(ACCOUNTS):
+            sync.send(f"a{account}", 0)
+        wait_for(lambda: len(started) == ACCOUNTS)
+        on_master = {key.decode() for key in master.scan_iter(match="dramatiq-unique:{*}:run")}
+        assert on_master and len(on_master) < ACCOUNTS
+        caplog.clear()
+        master.config_set("maxmemory", 1)
+        try:
+            wait_for(lambda: any("could not be renewed" in r.getMessage() for r in caplog.records))
+        finally:
+            master.config_set("maxmemory", 0)
+        failed = {r.args[0] for r in caplog.records if "could not be renewed" in r.getMessage()}
+        time.sleep(2 * LEASE / 1000)
+        for account in range(ACCOUNTS):
+            sync.send(f"a{account}", 1)
+        env.wait_for_skips(ACCOUNTS)
+    finally:
+        finish.set()
+    env.join(sync)
+
+    assert failed <= on_master, "only the locks of the failing master failed"
+    renewals = [error for error in errors if error.reason == "renewal"]
+    assert renewals and all("maxmemory" in str(error.error) for error in renewals)
+    assert {error.digest for error in renewals} <= {key.split("{")[1].split("}")[0] for key in on_master}
+    assert sorted(started) == sorted(f"a{account}" for account in range(ACCOUNTS)), "a duplicate ran"
