@@ -16,7 +16,7 @@ import binascii
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..errors import LockBackendError
 from ..keys import ENQUEUE, RUN, lock_kind
@@ -357,7 +357,8 @@ class MessagesInHand:
         return cls(frozenset(data["ids"]), bool(data["complete"]), int(data["at"]), int(data["every"]))
 
 
-class Lease(NamedTuple):
+@dataclass(frozen=True)
+class Lease:
     """A run lock's place to renew (:meth:`~dramatiq_unique.LockBackend.renew_many`), with
     :meth:`~dramatiq_unique.LockBackend.renew`'s arguments.
 
