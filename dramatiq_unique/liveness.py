@@ -14,7 +14,7 @@ does all three once per heartbeat interval (:meth:`Liveness.tick`):
   left, so a message running for a long time costs about one renewal per
   lease period, and a dead process's run locks lapse within one
   lease period; the leases due are renewed together, in one round trip
-  (:meth:`~dramatiq_unique.LockBackend.renew_many`);
+  (one per master of a Redis Cluster: :meth:`~dramatiq_unique.LockBackend.renew_many`);
 * it gives up the locks whose release failed while the backend was down.
 
 What it looks after is plain data: keys, owners, expiry times and the
@@ -405,7 +405,7 @@ class Liveness:
         if due:
             try:
                 answers = self.backend.renew_many(
-                    [Lease(key, owner, self.lease_period, lease.deadline) for (key, owner), lease in due]
+                    [Lease(key, owner, ttl=self.lease_period, deadline=lease.deadline) for (key, owner), lease in due]
                 )
             except LockBackendError as e:  # a backend may fail them all at once instead of each
                 answers = [e] * len(due)
