@@ -21,6 +21,10 @@ from .support import Env, wait_for
 #: Short leases, renewed every heartbeat or two, so that a test sees several renewals of each.
 LEASE = 300
 HEARTBEAT = 100
+#: Leases for a test that makes a master fail their renewals until it sees one fail: the leases
+#: of its locks lapse a heartbeat interval after that, unless it is back.
+SLOW_LEASE = 1200
+SLOW_HEARTBEAT = 400
 #: 16 accounts, each locked by four messages at once (lock_limit): 64 leases in 16 locks.
 ACCOUNTS = 16
 PLACES = 4
@@ -68,8 +72,10 @@ class ScriptCalls:
 @pytest.fixture(params=["redis", "cluster"])
 def lease_env(request, redis_client):
     """Messages on one Redis; locks on that Redis, or on a three-master Redis Cluster. Yields the
-    Env and the clients of the servers that hold the locks."""
-    if request.param == "cluster":
+    Env and the clients of the servers that hold the locks. An indirect parameter may be
+    ``(where, lease_period, heartbeat_interval)``."""
+    where, lease, heartbeat = request.param if isinstance(request.param, tuple) else (request.param, LEASE, HEARTBEAT)
+    if where == "cluster":
         backend = RedisBackend(client=request.getfixturevalue("cluster_client"))
         nodes = request.getfixturevalue("redis_cluster").nodes
     else:
@@ -77,7 +83,7 @@ def lease_env(request, redis_client):
         nodes = [redis_client]
     broker = RedisBroker(client=redis_client)
     broker.emit_after("process_boot")
-    env = Env("redis", broker, backend, UniqueJobs(backend=backend, lease_period=LEASE, heartbeat_interval=HEARTBEAT))
+    env = Env("redis", broker, backend, UniqueJobs(backend=backend, lease_period=lease, heartbeat_interval=heartbeat))
     for built in env.run():
         yield built, nodes
 
@@ -137,7 +143,7 @@ def test_the_leases_of_64_running_messages_are_renewed_in_one_call_per_heartbeat
         assert len(set.union(set(), *slots)) == len(slots), f"{len(slots)} renewal calls for fewer slots in one round"
 
 
-@pytest.mark.parametrize("lease_env", ["cluster"], indirect=True)
+@pytest.mark.parametrize("lease_env", [("cluster", SLOW_LEASE, SLOW_HEARTBEAT)], indirect=True)
 def test_a_master_that_fails_the_renewals_of_its_locks_leaves_the_other_masters_renewed(lease_env, caplog):
     # A master out of memory refuses the renewals of the locks it serves: each of those is told
     # (a WARNING, a backend_error event), the locks on the other masters are renewed meanwhile,
@@ -171,7 +177,7 @@ def test_a_master_that_fails_the_renewals_of_its_locks_leaves_the_other_masters_
         finally:
             master.config_set("maxmemory", 0)
         failed = {r.args[0] for r in caplog.records if "could not be renewed" in r.getMessage()}
-        time.sleep(2 * LEASE / 1000)
+        time.sleep(2 * SLOW_LEASE / 1000)
         for account in range(ACCOUNTS):
             sync.send(f"a{account}", 1)
         env.wait_for_skips(ACCOUNTS)
