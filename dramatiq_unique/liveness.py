@@ -13,7 +13,8 @@ does all three once per heartbeat interval (:meth:`Liveness.tick`):
 * it renews each run lock whose lease has less than two heartbeat intervals
   left, so a message running for a long time costs about one renewal per
   lease period, and a dead process's run locks lapse within one
-  lease period;
+  lease period; the leases due are renewed together, in one round trip
+  (one per master of a Redis Cluster: :meth:`~dramatiq_unique.LockBackend.renew_many`);
 * it gives up the locks whose release failed while the backend was down.
 
 What it looks after is plain data: keys, owners, expiry times and the
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from .backends import Holder, LockBackend, MessagesInHand
+from .backends import Holder, Lease, LockBackend, MessagesInHand
 from .errors import LockBackendError
 from .events import BACKEND_ERROR, DATA_LOST, LEASE_LOST, Events, EventSubject, LockEvent
 from .keys import RUN, registry_key
@@ -400,18 +401,32 @@ class Liveness:
             due = [(k, lease) for k, lease in self._leases.items() if data_lost or lease.expires_at <= horizon]
         lost: list[tuple[str, _Lease]] = []
         retaken: list[str] = []
-        for (key, owner), lease in due:
+        answers: list[int | None | LockBackendError] = []
+        if due:
             try:
-                expires_at = self.backend.renew(key, owner, ttl=self.lease_period, deadline=lease.deadline)
-                if expires_at is None and data_lost and lease.holder is not None:
+                answers = self.backend.renew_many(
+                    [Lease(key, owner, ttl=self.lease_period, deadline=lease.deadline) for (key, owner), lease in due]
+                )
+            except LockBackendError as e:  # a backend may fail them all at once instead of each
+                answers = [e] * len(due)
+        for ((key, owner), lease), expires_at in zip(due, answers, strict=True):
+            if expires_at is None and data_lost and lease.holder is not None:
+                try:
                     expires_at = self._retake(key, owner, lease, now)
-                    if expires_at is not None:
-                        retaken.append(key)
-            except LockBackendError as e:
-                self.logger.warning("The lease of run lock %r could not be renewed: %s", key, e)
+                except LockBackendError as e:
+                    expires_at = e
+                if isinstance(expires_at, int):
+                    retaken.append(key)
+            if isinstance(expires_at, LockBackendError):
+                self.logger.warning("The lease of run lock %r could not be renewed: %s", key, expires_at)
                 self.tell(
                     partial(
-                        self.events.notify_about, lease.subject, BACKEND_ERROR, lock_kind=RUN, reason="renewal", error=e
+                        self.events.notify_about,
+                        lease.subject,
+                        BACKEND_ERROR,
+                        lock_kind=RUN,
+                        reason="renewal",
+                        error=expires_at,
                     )
                 )
                 continue

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from dramatiq_unique import InvalidBackendOptions, LockBackendError, LockStoreHealing, RedisBackend, StubBackend
-from dramatiq_unique.backends import Holder, MessagesInHand
+from dramatiq_unique.backends import Holder, Lease, MessagesInHand
 
 from .support import pop_script_calls, scan_all
 
@@ -476,6 +476,42 @@ def test_renew_never_goes_past_the_deadline_nor_shortens(backend):
     assert backend.renew(RUN_KEY, "t1", ttl=10) == first.expires_at + 2_000
     acquire(backend, "t9", key=KEY)
     assert backend.renew(KEY, "t9", ttl=10) == 0  # a place that never lapses stays so
+
+
+def test_renew_many_answers_each_lease_as_renew_does(backend):
+    # The leases of a worker's running messages, renewed together: held ones pushed back (never
+    # past their deadline, never earlier), one not held, a place that never lapses, a lapsed one,
+    # two places of one lock, and locks of other digests (other hash slots on a cluster).
+    other = [f"dramatiq-unique:{{d{i}}}:run" for i in range(6)]
+    held = acquire(backend, "t1", key=RUN_KEY, limit=2, ttl=1_000)
+    beside = acquire(backend, "t2", key=RUN_KEY, limit=2, ttl=1_000)
+    acquire(backend, "m1", key=KEY)
+    acquire(backend, "gone", key=other[0], ttl=50)
+    spread = [acquire(backend, "s", key=key, ttl=1_000) for key in other[1:]]
+    time.sleep(0.08)
+    now = backend.time()
+
+    answers = backend.renew_many(
+        [
+            Lease(RUN_KEY, "t1", 60_000),
+            Lease(RUN_KEY, "nobody", 60_000),
+            Lease(KEY, "m1", 60_000),
+            Lease(other[0], "gone", 60_000),
+            Lease(RUN_KEY, "t2", 60_000, deadline=beside.expires_at + 2_000),
+            *(
+                Lease(key, "s", 60_000, deadline=place.expires_at - 500)
+                for key, place in zip(other[1:], spread, strict=True)
+            ),
+        ]
+    )
+
+    assert answers[0] >= now + 60_000 > held.expires_at
+    assert answers[1:4] == [None, 0, None]
+    assert answers[4] == beside.expires_at + 2_000
+    assert answers[5:] == [place.expires_at for place in spread]  # past their deadline already: kept as they were
+    assert not acquire(backend, "t3", key=RUN_KEY, limit=2).acquired
+    assert acquire(backend, "t3", key=other[0]).acquired
+    assert backend.renew_many([]) == []
 
 
 def test_the_worker_registry_records_how_long_each_worker_counts_as_alive(backend):

@@ -2,7 +2,7 @@
 
 The shared backend suite and the seed stories run on the cluster too (test_backends.py,
 test_seeds.py); here is what only a cluster has: locks spread over masters, scripts confined to
-one hash slot, NOSCRIPT on every node, and slots moving between masters while locks are held.
+one hash slot, a library of lock functions lost by each node, and slots moving between masters while locks are held.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dramatiq.middleware import TimeLimit
 from redis.crc import key_slot
 
 from dramatiq_unique import LockBackendError, LockStoreHealing, RedisBackend, UniqueJobs, enqueue_outcome
-from dramatiq_unique.backends import Holder
+from dramatiq_unique.backends import Holder, Lease
 from dramatiq_unique.keys import enqueue_key, run_key
 
 from .cluster import Cluster, _executables
@@ -179,6 +179,41 @@ def test_functions_are_loaded_again_on_every_master_that_lost_them(cluster_clien
         assert backend.release(run_key(PREFIX, digest), f"t{i}")
         assert backend.acquire(key, "next", limit=1, ttl=None, holder=holder("next")).acquired
         assert command_calls(node)["function|load"] == 1  # one library holds all three scripts
+
+
+def test_leases_of_many_slots_are_renewed_in_one_call_per_slot_and_a_failing_slot_fails_alone(
+    cluster_client, redis_cluster
+):
+    # A worker's leases spread over every master: one renewal call per hash slot, each on the
+    # slot's master. A master that lost its lock functions still renews; a lock whose key
+    # cannot be read as one fails its lease alone, with LockBackendError.
+    backend = RedisBackend(client=cluster_client)
+    by_master: dict[int, list[str]] = {}
+    for digest in digests(300, seed="renewals"):
+        by_master.setdefault(redis_cluster.nodes.index(redis_cluster.owner_of(slot_of(digest))), []).append(digest)
+    spread = [run_key(PREFIX, digest) for i in range(len(redis_cluster.nodes)) for digest in by_master[i][:3]]
+    broken = run_key(PREFIX, by_master[0][3])
+    for key in spread:
+        for owner in ("t1", "t2"):
+            assert backend.acquire(key, owner, limit=2, ttl=1_000, holder=holder(owner, "running")).acquired
+    cluster_client.set(broken, "no lock")
+    leases = [Lease(key, owner, 60_000) for key in spread for owner in ("t1", "t2")]
+    backend.renew_many(leases)  # loads the script and the client's slot map
+    redis_cluster.nodes[1].function_flush()
+    for node in redis_cluster.nodes:
+        node.config_resetstat()
+    now = backend.time()
+
+    answers = backend.renew_many([*leases, Lease(broken, "t1", 60_000)])
+
+    assert all(isinstance(answer, int) and answer >= now + 60_000 for answer in answers[:-1])
+    assert isinstance(answers[-1], LockBackendError) and "WRONGTYPE" in str(answers[-1])
+    calls = [command_calls(node)["fcall"] for node in redis_cluster.nodes]
+    # One call a slot, three slots a master and the broken lock's on the first, in one pipeline
+    # each. A call that failed is tried again on its own: the broken lock's once, and the second
+    # master's three after "Function not found", the first of which loads the library again.
+    assert calls == [3 + 1 + 1, 3 + 3 + 1, 3]
+    assert [command_calls(node)["function|load"] for node in redis_cluster.nodes] == [0, 1, 0]
 
 
 def test_a_cluster_client_with_decoded_responses(redis_cluster):

@@ -28,7 +28,7 @@ from dramatiq_unique import (
     UniqueJobs,
     enqueue_outcome,
 )
-from dramatiq_unique.backends import Holder
+from dramatiq_unique.backends import Holder, Lease
 from dramatiq_unique.backends.base import field_owner
 from dramatiq_unique.events import BACKEND_ERROR
 from dramatiq_unique.outcome import ENQUEUED
@@ -322,6 +322,42 @@ def test_cluster_locks_reported_held_survive_a_master_failover_only_with_min_rep
         assert len(lost) >= 30, f"{len(lost)} of {workload.told_held} locks reported held were lost"
         assert all(key_slot(key.encode()) < REDIS_CLUSTER_HASH_SLOTS // 3 for key in lost)
         assert workload.backend.acquire(key, "after", limit=1, ttl=None, holder=holder("after")).acquired
+
+
+def test_cluster_renewals_wait_for_the_replica_of_each_master_and_fail_only_where_none_acknowledged(
+    replicated_cluster,
+):
+    # A worker's leases on every master, renewed together with min_replicas=1: each master's
+    # renewals and its WAIT go in one round trip. With one master's replica stopped, the leases
+    # of that master's locks fail (the change may not survive a failover), the others are renewed.
+    cluster = replicated_cluster
+    client = cluster.client(socket_timeout=1)
+    backend = RedisBackend(client=client, min_replicas=1, replica_timeout=REPLICA_TIMEOUT)
+    keys = [f"dramatiq-unique:{{{i}}}:run" for i in range(30)]
+    for key in keys:
+        assert backend.acquire(key, "t1", limit=1, ttl=1_000, holder=holder("t1")).acquired
+    leases = [Lease(key, "t1", ttl=60_000) for key in keys]
+    backend.renew_many(leases)  # loads the script
+    for node in cluster.nodes:
+        node.config_resetstat()
+    now = backend.time()
+    assert all(answer >= now + 60_000 for answer in backend.renew_many(leases))
+    for node in cluster.nodes:
+        calls = {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in node.info("commandstats").items()}
+        served = sum(1 for key in keys if cluster.owner_of(key_slot(key.encode())) is node)
+        assert (calls.get("fcall"), calls.get("wait")) == (served, 1)
+
+    stopped = cluster.process_of(cluster.replica_nodes[0][0])
+    stopped.send_signal(signal.SIGSTOP)
+    try:
+        answers = backend.renew_many(leases)
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+    for key, answer in zip(keys, answers, strict=True):
+        if cluster.owner_of(key_slot(key.encode())) is cluster.nodes[0]:
+            assert isinstance(answer, LockBackendError) and "0 of the 1 replicas" in str(answer)
+        else:
+            assert isinstance(answer, int) and answer >= now + 60_000
 
 
 def _acquires(backend: RedisBackend, key: str) -> bool:

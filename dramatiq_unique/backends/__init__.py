@@ -1,6 +1,6 @@
 """Lock backends: where locks are stored."""
 
-from .base import Acquisition, EvictionRisk, Holder, LockBackend, LockRecord, MessagesInHand, Waiter
+from .base import Acquisition, EvictionRisk, Holder, Lease, LockBackend, LockRecord, MessagesInHand, Waiter
 from .redis import RedisBackend
 from .stub import StubBackend
 
@@ -8,6 +8,7 @@ __all__ = [
     "Acquisition",
     "EvictionRisk",
     "Holder",
+    "Lease",
     "LockBackend",
     "LockRecord",
     "MessagesInHand",

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import LockBackendError
 from ..keys import ENQUEUE, RUN, lock_kind
 from ..locks import LOCK_TYPES
 
@@ -357,6 +358,25 @@ class MessagesInHand:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """A run lock's place to renew (:meth:`~dramatiq_unique.LockBackend.renew_many`), with
+    :meth:`~dramatiq_unique.LockBackend.renew`'s arguments.
+
+    Parameters:
+      key(str): The lock's key.
+      owner(str): The owner of the place.
+      ttl(int): Milliseconds from now that the place is pushed back to.
+      deadline(int): When the place must lapse at the latest, in ms of the backend's
+        clock; ``None`` for no limit.
+    """
+
+    key: str
+    owner: str
+    ttl: int
+    deadline: int | None = None
+
+
+@dataclass(frozen=True)
 class EvictionRisk:
     """A server of the lock store that evicts keys when its memory is full, so that it may
     drop held locks: its ``maxmemory-policy`` is not ``noeviction`` and its ``maxmemory`` is set.
@@ -592,6 +612,30 @@ class LockBackend(abc.ABC):
           place that never lapses), or ``None`` when ``owner`` holds no place:
           its lease ran out, or it was released.
         """
+
+    def renew_many(self, leases: Sequence[Lease]) -> list[int | None | LockBackendError]:
+        """Renew several leases at once, each as :meth:`renew` does, in as few round trips as the
+        backend can: a worker's heartbeat renews every lease that is due together. This
+        implementation renews them one by one; a backend may do better.
+
+        Parameters:
+          leases(list[Lease]): The places to renew; a key may come more than once (a lock with
+            several places held by one worker).
+
+        Returns:
+          list: For each lease, :meth:`renew`'s answer: the new expiry, 0 for a place that never
+          lapses, ``None`` for one that ``owner`` no longer holds; or the
+          :class:`~dramatiq_unique.errors.LockBackendError` that kept it from being renewed.
+          A failure of some leases (on Redis Cluster, those of one hash slot) leaves the
+          others' answers.
+        """
+        answers: list[int | None | LockBackendError] = []
+        for lease in leases:
+            try:
+                answers.append(self.renew(lease.key, lease.owner, ttl=lease.ttl, deadline=lease.deadline))
+            except LockBackendError as e:
+                answers.append(e)
+        return answers
 
     @abc.abstractmethod
     def heartbeat(self, key: str, worker_id: str, *, ttl: int, in_hand: MessagesInHand | None = None) -> int:

@@ -37,6 +37,7 @@ from .base import (
     Acquisition,
     EvictionRisk,
     Holder,
+    Lease,
     LockBackend,
     LockRecord,
     MessagesInHand,
@@ -414,6 +415,27 @@ class RedisBackend(LockBackend):
         reply = int(self._call("renew", [key], [owner, ttl, deadline or 0]))
         return None if reply < 0 else reply
 
+    def renew_many(self, leases: Sequence[Lease]) -> list[int | None | LockBackendError]:
+        # One script call for them all; on Redis Cluster one per hash slot, as a script's keys
+        # must share one.
+        groups: dict[int, list[int]] = {}
+        cluster = _is_cluster(self.client)
+        for i, lease in enumerate(leases):
+            groups.setdefault(key_slot(lease.key.encode()) if cluster else 0, []).append(i)
+        calls = [
+            (
+                [leases[i].key for i in group],
+                [arg for i in group for arg in (leases[i].owner, leases[i].ttl, leases[i].deadline or 0)],
+            )
+            for group in groups.values()
+        ]
+        answers: list[int | None | LockBackendError] = [None] * len(leases)
+        for group, reply in zip(groups.values(), self._call_many("renew_many", calls), strict=True):
+            for at, i in enumerate(group):
+                answer = reply if isinstance(reply, LockBackendError) else int(reply[at])
+                answers[i] = None if isinstance(answer, int) and answer < 0 else answer
+        return answers
+
     def heartbeat(self, key: str, worker_id: str, *, ttl: int, in_hand: MessagesInHand | None = None) -> int:
         if in_hand is None:
             return int(self._call("heartbeat", [key], [worker_id, ttl]))
@@ -687,9 +709,63 @@ class RedisBackend(LockBackend):
                     raise _backend_error(e) from e
                 time.sleep(0.05)
             except _REDIS_ERRORS as e:
-                if isinstance(e, (redis.ConnectionError, redis.TimeoutError)) and _is_cluster(self.client):
-                    self._stale_slots = True  # a master may have failed over: ask for the slot map again
-                raise _backend_error(e) from e
+                raise self._failed(e) from e
+
+    def _call_many(self, script: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run ``script`` once for each ``(keys, args)`` of ``calls``, as :meth:`_call` does; the
+        keys of each call share one hash slot on Redis Cluster. Returns the reply of each, or the
+        :class:`LockBackendError` it failed with: a failed call leaves the others' replies.
+
+        On Redis Cluster, the calls to one master go in one pipeline of that master (redis-py's
+        cluster pipeline refuses script calls), with its WAIT for ``min_replicas``: one round trip
+        per master. A call that failed there (a master without the scripts, a slot that moved)
+        runs again on its own through :meth:`_call`; a master that could not be reached fails its
+        calls only."""
+        replies: list[Any] = [None] * len(calls)
+        if len(calls) == 1 or not _is_cluster(self.client):
+            for n, (keys, args) in enumerate(calls):
+                try:
+                    replies[n] = self._call(script, keys, args)
+                except LockBackendError as e:
+                    replies[n] = e
+            return replies
+        masters: dict[int, tuple[Any, list[int]]] = {}
+        try:
+            for n, (keys, _) in enumerate(calls):
+                master = self._primary_for(keys[0])
+                masters.setdefault(id(master), (master, []))[1].append(n)
+        except _REDIS_ERRORS as e:
+            return [self._failed(e)] * len(calls)
+        for master, group in masters.values():
+            pipe = master.pipeline(transaction=False)
+            for n in group:
+                keys, args = calls[n]
+                self._scripts.pipeline_call(pipe, script, keys, args)
+            if self.min_replicas:
+                self._append_wait(pipe)
+            try:
+                pipelined = pipe.execute(raise_on_error=False)
+                if self.min_replicas:
+                    self._check_wait(pipelined.pop())
+            except (LockBackendError, *_REDIS_ERRORS) as e:
+                error = e if isinstance(e, LockBackendError) else self._failed(e)
+                for n in group:
+                    replies[n] = error
+                continue
+            for n, reply in zip(group, pipelined, strict=True):
+                if isinstance(reply, Exception):
+                    try:
+                        reply = self._call(script, *calls[n])
+                    except LockBackendError as e:
+                        reply = e
+                replies[n] = reply
+        return replies
+
+    def _failed(self, e: Exception) -> LockBackendError:
+        """The :class:`LockBackendError` of a call that failed with ``e``."""
+        if isinstance(e, (redis.ConnectionError, redis.TimeoutError)) and _is_cluster(self.client):
+            self._stale_slots = True  # a master may have failed over: ask for the slot map again
+        return _backend_error(e)
 
     def _call_replicated(self, script: str, keys: list[str], args: list[Any]) -> Any:
         # WAIT counts the replicas that have every write of the connection it is sent on: it goes

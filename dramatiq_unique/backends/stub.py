@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import LockStoreHealing
+from ..errors import LockBackendError, LockStoreHealing
 from ..keys import debounce_key, digest_keys_start, epoch_key, line_key, lock_kind, prefix_of, served_key, waiters_key
 from .base import (
     HELD,
@@ -20,6 +20,7 @@ from .base import (
     Acquisition,
     EvictionRisk,
     Holder,
+    Lease,
     LockBackend,
     LockRecord,
     MessagesInHand,
@@ -311,16 +312,23 @@ class StubBackend(LockBackend):
 
     def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
         with self._mutex:
+            return self._renew(Lease(key, owner, ttl, deadline), _now())
+
+    def renew_many(self, leases: Sequence[Lease]) -> list[int | None | LockBackendError]:
+        # In one step with one clock, as RedisBackend's script does.
+        with self._mutex:
             now = _now()
-            lock = self._live(key, now)
-            place = lock.places.get(owner)
-            if place is None:
-                return None
-            if place.expires_at is None:
-                return 0
-            target = now + ttl if deadline is None else min(now + ttl, deadline)
-            place.expires_at = max(place.expires_at, target)
-            return place.expires_at
+            return [self._renew(lease, now) for lease in leases]
+
+    def _renew(self, lease: Lease, now: int) -> int | None:
+        place = self._live(lease.key, now).places.get(lease.owner)
+        if place is None:
+            return None
+        if place.expires_at is None:
+            return 0
+        target = now + lease.ttl if lease.deadline is None else min(now + lease.ttl, lease.deadline)
+        place.expires_at = max(place.expires_at, target)
+        return place.expires_at
 
     def heartbeat(self, key: str, worker_id: str, *, ttl: int, in_hand: MessagesInHand | None = None) -> int:
         with self._mutex:

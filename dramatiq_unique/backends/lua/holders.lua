@@ -538,3 +538,30 @@ end
 local function release(key, owner)
   return (release_place(key, nil, owner))
 end
+
+-- Renews a lease: pushes `owner`'s expiry back to `ttl` ms from now, never past `deadline`
+-- (0: none) and never earlier than it was. Owner-checked. Writes the lock's changes (flush),
+-- so that a script may renew the leases of many locks, one after the other.
+-- Returns the new expiry, 0 for a place that never lapses, -1 when owner holds no place.
+local function renew_place(key, owner, ttl, deadline)
+  local now = clock()
+  local holders, count = live_holders(key)
+  local record = holders[owner]
+  if not record then
+    expire_with_holders(key, holders, count)
+    return -1
+  end
+  local expires_at, token, acquired_at, holder = parse(record)
+  if expires_at then
+    local target = now + ttl
+    if deadline > 0 and target > deadline then target = deadline end
+    if target > expires_at then
+      expires_at = target
+      record = format_record(expires_at, token, acquired_at, holder)
+      write_holder(key, owner, record)
+      holders[owner] = record
+    end
+  end
+  expire_with_holders(key, holders, count)
+  return expires_at or 0
+end
