@@ -117,8 +117,10 @@ class ScriptCaller:
             except redis.ResponseError as e:
                 if _NOT_LOADED not in str(e).lower():
                     raise
-                # The function never ran: load the library where the keys are, and call again.
-                self.load(self._node_of(keys))
+                # The function never ran: load the library, and call again. On a cluster, on every
+                # master: the one that answered may not be the slot's owner in the client's map but
+                # the master a moving slot's key went to already (ASK), which redis-py does not name.
+                self.load()
                 return self._fcall(command, name, keys, args)
         try:
             return self.client.evalsha(self.scripts.shas[name], len(keys), *keys, *args)
@@ -187,12 +189,6 @@ class ScriptCaller:
         client: Any = self.client
         node = client.get_node_from_key(keys[0])
         return client.execute_command(command, function, len(keys), *keys, *args, target_nodes=node)
-
-    def _node_of(self, keys: list[str]) -> Any:
-        if not isinstance(self.client, redis.RedisCluster) or not keys:
-            return None
-        client: Any = self.client
-        return client.get_redis_connection(client.get_node_from_key(keys[0]))
 
 
 def _refused(error: redis.ResponseError) -> bool:
