@@ -301,6 +301,20 @@ def test_redis_runs_the_scripts_as_functions_loaded_once(redis_client):
     assert len(redis_client.function_list(library="dramatiq_unique_*")) == 2
 
 
+def test_a_new_backend_leaves_the_library_the_server_has_as_it_is(redis_client):
+    # Issue 22 review: each backend loads the library at its first call (every worker process,
+    # the native thread of a gevent worker, an application that makes one per request). Loaded
+    # again with REPLACE, the library is compiled again, and the server blocked, for about a
+    # millisecond each time; a server that has it already answers in microseconds.
+    acquire(RedisBackend(client=redis_client), "m1")
+    redis_client.config_resetstat()
+    for _ in range(20):
+        assert RedisBackend(client=redis_client).renew(KEY, "m1", ttl=1000) == 0
+    load = redis_client.info("commandstats")["cmdstat_function|load"]
+    assert load["calls"] == 20
+    assert load["usec_per_call"] < 200, load
+
+
 def test_redis_loads_the_functions_again_when_the_server_lost_them(redis_client):
     # S1: a server restarted without its data, or a replica promoted before the library reached
     # it, answers "Function not found"; the library is loaded again and the call runs once.
