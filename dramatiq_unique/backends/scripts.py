@@ -24,7 +24,9 @@ import redis
 _LIBRARY = "holders"
 
 #: The flags a script declares in a comment of its own (``-- flags: no-writes``): a script
-#: that changes nothing runs on a replica, and while the server is out of memory.
+#: that changes nothing runs on a replica, and while the server is out of memory. One that frees
+#: places runs out of memory too (``allow-oom``): a function that may write is otherwise refused
+#: whole at maxmemory, where the same script called by EVALSHA ran, its first write a delete.
 _FLAGS = re.compile(r"^-- flags: ([a-z-]+(?: [a-z-]+)*)$", re.MULTILINE)
 
 #: What a server answers to FCALL of a function it does not have: it lost its functions (a
