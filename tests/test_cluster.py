@@ -531,3 +531,29 @@ def test_a_lock_whose_slot_migrates_to_a_master_without_the_functions_is_still_s
     finally:
         for node in redis_cluster.nodes:
             node.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+
+
+def test_a_new_backend_serves_the_masters_that_answer_while_another_is_down(tmp_path):
+    # Issue 22 review: a backend's first call loads the library on every master, and a call that
+    # met "Function not found" too. A master that stopped answering (until a replica takes over,
+    # or for good with cluster-require-full-coverage no) must not fail the locks of the others,
+    # which it did not with scripts called by SHA; it gets the library when it serves again.
+    cluster = Cluster(_executables()[0], tmp_path)
+    cluster.start()
+    try:
+        for node in cluster.nodes:
+            node.config_set("cluster-require-full-coverage", "no")
+        spread = one_digest_per_master(cluster)
+        cluster.kill(cluster.nodes[2])
+        client = cluster.client()
+        backend = RedisBackend(client=client)
+        for i in (0, 1):
+            key = enqueue_key(PREFIX, spread[i])
+            assert backend.acquire(key, f"m{i}", limit=1, ttl=None, holder=holder(f"m{i}")).acquired
+        cluster.nodes[0].function_flush()
+        assert backend.release(enqueue_key(PREFIX, spread[0]), "m0")
+        with pytest.raises(LockBackendError):
+            backend.acquire(enqueue_key(PREFIX, spread[2]), "m2", limit=1, ttl=None, holder=holder("m2"))
+        client.close()
+    finally:
+        cluster.stop()

@@ -159,7 +159,9 @@ class ScriptCaller:
         """Load the library on ``node``, a client of one server; by default on the client's
         server, or on every master of its cluster. A library of the same name is the same code:
         a server that has it already (another process loaded it) keeps it, and answers so in
-        microseconds, where REPLACE would compile it again, the server blocked for a millisecond."""
+        microseconds, where REPLACE would compile it again, the server blocked for a millisecond.
+        A master of a cluster that does not answer is left out, unless none answers: the others
+        serve their locks meanwhile, and it answers "Function not found" when it is back."""
         client: Any = self.client
         if node is not None:
             servers = [node]
@@ -167,12 +169,17 @@ class ScriptCaller:
             servers = [client.get_redis_connection(primary) for primary in client.get_primaries()]
         else:
             servers = [client]
+        unreachable: list[Exception] = []
         for server in servers:
             try:
                 server.function_load(self.scripts.library_source)
             except redis.ResponseError as e:
                 if _LOADED not in str(e).lower():
                     raise
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                unreachable.append(e)
+        if unreachable and len(unreachable) == len(servers):
+            raise unreachable[0]
 
     def _choose(self) -> None:
         with self._choosing:
