@@ -15,6 +15,7 @@ import redis
 
 from dramatiq_unique import InvalidBackendOptions, LockBackendError, LockStoreHealing, RedisBackend, StubBackend
 from dramatiq_unique.backends import Holder, Lease, MessagesInHand
+from dramatiq_unique.backends.base import HELD
 
 from .support import pop_script_calls, scan_all
 
@@ -299,6 +300,57 @@ def test_redis_runs_the_scripts_as_functions_loaded_once(redis_client):
     RedisBackend(client=redis_client).release(KEY, "m1")
     acquire(RedisBackend(client=redis_client, fence_retention=1_000), "m4")
     assert len(redis_client.function_list(library="dramatiq_unique_*")) == 2
+
+
+def test_a_new_backend_leaves_the_library_the_server_has_as_it_is(redis_client):
+    # Issue 22 review: each backend loads the library at its first call (every worker process,
+    # the native thread of a gevent worker, an application that makes one per request). Loaded
+    # again with REPLACE, the library is compiled again, and the server blocked, for about a
+    # millisecond each time; a server that has it already answers in microseconds.
+    acquire(RedisBackend(client=redis_client), "m1")
+    redis_client.config_resetstat()
+    for _ in range(20):
+        assert RedisBackend(client=redis_client).renew(KEY, "m1", ttl=1000) == 0
+    load = redis_client.info("commandstats")["cmdstat_function|load"]
+    assert load["calls"] == 20
+    assert load["usec_per_call"] < 200, load
+
+
+def test_redis_frees_places_while_the_server_is_out_of_memory(redis_client):
+    # Issue 22 review: a server at maxmemory with noeviction (the policy locks need) refuses
+    # what takes memory. The scripts that free places still run, as they did called by EVALSHA:
+    # freeing is how its memory comes back, and a message that cannot give its place up keeps
+    # its lock. A Redis Function that may write is refused whole unless it allows OOM.
+    backend = RedisBackend(client=redis_client)
+    for owner in ("m1", "m2", "m3", "m4"):
+        acquire(backend, owner, key=f"dramatiq-unique:{{{owner}}}")
+    policy = redis_client.config_get("maxmemory-policy")["maxmemory-policy"]
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    redis_client.config_set("maxmemory", 1)
+    try:
+        assert backend.release("dramatiq-unique:{m1}", "m1")
+        assert backend.release_many([("dramatiq-unique:{m2}", "m2")]) == [True]
+        claimed = backend.claim(
+            "dramatiq-unique:{m3}", "m3", replaced_key="dramatiq-unique:{m3}:r", release=True, holder=holder("m3")
+        )
+        assert claimed == HELD
+        swapped = backend.swap(
+            release_key="dramatiq-unique:{m4}",
+            release_owner="m4",
+            replaced_key="dramatiq-unique:{m4}:r",
+            acquire_key="dramatiq-unique:{m4}:run",
+            owner="m4",
+            limit=1,
+            ttl=None,
+            holder=holder("m4", "running"),
+        )
+        assert swapped.acquired
+    finally:
+        redis_client.config_set("maxmemory", 0)
+        redis_client.config_set("maxmemory-policy", policy)
+    assert [redis_client.hkeys(f"dramatiq-unique:{{{owner}}}") for owner in ("m1", "m2", "m3", "m4")] == [
+        [b"fence"]
+    ] * 4
 
 
 def test_redis_loads_the_functions_again_when_the_server_lost_them(redis_client):

@@ -24,12 +24,17 @@ import redis
 _LIBRARY = "holders"
 
 #: The flags a script declares in a comment of its own (``-- flags: no-writes``): a script
-#: that changes nothing runs on a replica, and while the server is out of memory.
+#: that changes nothing runs on a replica, and while the server is out of memory. One that frees
+#: places runs out of memory too (``allow-oom``): a function that may write is otherwise refused
+#: whole at maxmemory, where the same script called by EVALSHA ran, its first write a delete.
 _FLAGS = re.compile(r"^-- flags: ([a-z-]+(?: [a-z-]+)*)$", re.MULTILINE)
 
 #: What a server answers to FCALL of a function it does not have: it lost its functions (a
 #: restart without persistence) or never had them (a cluster master that a slot moved to).
 _NOT_LOADED = "function not found"
+
+#: What a server answers to FUNCTION LOAD of a library it has (Redis 7, Valkey).
+_LOADED = "already exists"
 
 
 class LuaScripts:
@@ -117,8 +122,10 @@ class ScriptCaller:
             except redis.ResponseError as e:
                 if _NOT_LOADED not in str(e).lower():
                     raise
-                # The function never ran: load the library where the keys are, and call again.
-                self.load(self._node_of(keys))
+                # The function never ran: load the library, and call again. On a cluster, on every
+                # master: the one that answered may not be the slot's owner in the client's map but
+                # the master a moving slot's key went to already (ASK), which redis-py does not name.
+                self.load()
                 return self._fcall(command, name, keys, args)
         try:
             return self.client.evalsha(self.scripts.shas[name], len(keys), *keys, *args)
@@ -150,9 +157,29 @@ class ScriptCaller:
 
     def load(self, node: Any = None) -> None:
         """Load the library on ``node``, a client of one server; by default on the client's
-        server, or on every master of its cluster. REPLACE: a library of the same name is the
-        same code, which another process may have loaded meanwhile."""
-        (self.client if node is None else node).function_load(self.scripts.library_source, replace=True)
+        server, or on every master of its cluster. A library of the same name is the same code:
+        a server that has it already (another process loaded it) keeps it, and answers so in
+        microseconds, where REPLACE would compile it again, the server blocked for a millisecond.
+        A master of a cluster that does not answer is left out, unless none answers: the others
+        serve their locks meanwhile, and it answers "Function not found" when it is back."""
+        client: Any = self.client
+        if node is not None:
+            servers = [node]
+        elif isinstance(self.client, redis.RedisCluster):
+            servers = [client.get_redis_connection(primary) for primary in client.get_primaries()]
+        else:
+            servers = [client]
+        unreachable: list[Exception] = []
+        for server in servers:
+            try:
+                server.function_load(self.scripts.library_source)
+            except redis.ResponseError as e:
+                if _LOADED not in str(e).lower():
+                    raise
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                unreachable.append(e)
+        if unreachable and len(unreachable) == len(servers):
+            raise unreachable[0]
 
     def _choose(self) -> None:
         with self._choosing:
@@ -187,12 +214,6 @@ class ScriptCaller:
         client: Any = self.client
         node = client.get_node_from_key(keys[0])
         return client.execute_command(command, function, len(keys), *keys, *args, target_nodes=node)
-
-    def _node_of(self, keys: list[str]) -> Any:
-        if not isinstance(self.client, redis.RedisCluster) or not keys:
-            return None
-        client: Any = self.client
-        return client.get_redis_connection(client.get_node_from_key(keys[0]))
 
 
 def _refused(error: redis.ResponseError) -> bool:

@@ -1,3 +1,4 @@
+-- flags: allow-oom
 -- A queued holder starts running: it gives up its place ("release") or keeps
 -- it, now recorded as running ("run").
 -- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set, KEYS[3], KEYS[4], KEYS[5]: its line

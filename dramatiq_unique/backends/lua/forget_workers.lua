@@ -1,3 +1,4 @@
+-- flags: allow-oom
 -- Removes workers from the registry, with what they published of the messages in their hands.
 -- KEYS[1]: the worker registry; KEYS[2]: the hash of publications.
 -- ARGV: "worker", worker_id | "before", a time in ms (every worker alive only until before it).

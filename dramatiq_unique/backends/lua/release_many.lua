@@ -1,3 +1,4 @@
+-- flags: allow-oom
 -- KEYS: each lock followed by its line (line_at): four keys a place. ARGV: the owner of each.
 -- Returns {1 or 0 for each, as release does; the messages their lines were handed}.
 local released, handed = {}, {}

@@ -1,3 +1,4 @@
+-- flags: allow-oom
 -- Gives up `owner`'s place only while it is still exactly `record`: the orphan
 -- reaper never frees a place that was renewed or re-taken after it read it.
 -- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at). ARGV: owner, record.

@@ -1,3 +1,4 @@
+-- flags: allow-oom
 -- Gives up, at once, the place of each owner that is still exactly the record read: an
 -- unlock frees the holders it showed, never one that renewed or took the lock since. A
 -- re-entry that left its record as it was (no new expiry, no new broker id) cannot be told

@@ -1,3 +1,4 @@
+-- flags: allow-oom
 -- Takes a place in the run lock and, only if that worked, gives up the
 -- enqueue lock's place, in one step (until_and_while_executing).
 -- KEYS[1]: the enqueue lock, KEYS[2]: the run lock, KEYS[3]: the replaced set; KEYS[4], KEYS[5]:
