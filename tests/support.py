@@ -22,7 +22,7 @@ from dramatiq_unique.keys import enqueue_key, registry_key, run_key
 FAST_RETRIES = {"min_backoff": 10, "max_backoff": 40}
 
 #: The commands that call a lock script: FCALL where the server has Redis Functions, else EVALSHA.
-SCRIPT_CALLS = ("fcall", "fcall_ro", "evalsha")
+SCRIPT_CALLS = ("fcall", "evalsha")
 
 
 def script_id(backend: RedisBackend, name: str) -> str:

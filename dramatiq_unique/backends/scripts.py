@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
@@ -24,7 +23,7 @@ import redis
 _LIBRARY = "holders"
 
 #: The flags a script declares in a comment of its own (``-- flags: no-writes``): a script
-#: that changes nothing runs on a replica, and while the server is out of memory. One that frees
+#: that changes nothing runs while the server is out of memory. One that frees
 #: places runs out of memory too (``allow-oom``): a function that may write is otherwise refused
 #: whole at maxmemory, where the same script called by EVALSHA ran, its first write a delete.
 _FLAGS = re.compile(r"^-- flags: ([a-z-]+(?: [a-z-]+)*)$", re.MULTILINE)
@@ -63,15 +62,9 @@ class LuaScripts:
         self._sources = {name: f"{prelude}\n{body}" for name, body in self._bodies.items()}
         self.shas = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in self._sources.items()}
 
-    def names(self) -> Iterable[str]:
-        return self._bodies
-
     def function(self, name: str) -> str:
         """The name of script ``name``'s function in the library."""
         return f"du_{self.version}_{name}"
-
-    def read_only(self, name: str) -> bool:
-        return "no-writes" in _flags(self._bodies[name])
 
     def source(self, name: str) -> str:
         """Script ``name`` as one chunk for EVAL: the shared functions, then its body."""
@@ -116,9 +109,8 @@ class ScriptCaller:
         if self.functions is None:
             self._choose()
         if self.functions:
-            command = "FCALL_RO" if self.scripts.read_only(name) else "FCALL"
             try:
-                return self._fcall(command, name, keys, args)
+                return self._fcall(name, keys, args)
             except redis.ResponseError as e:
                 if _NOT_LOADED not in str(e).lower():
                     raise
@@ -126,7 +118,7 @@ class ScriptCaller:
                 # master: the one that answered may not be the slot's owner in the client's map but
                 # the master a moving slot's key went to already (ASK), which redis-py does not name.
                 self.load()
-                return self._fcall(command, name, keys, args)
+                return self._fcall(name, keys, args)
         try:
             return self.client.evalsha(self.scripts.shas[name], len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
@@ -195,25 +187,25 @@ class ScriptCaller:
             else:
                 self.functions = True
 
-    def _fcall(self, command: str, name: str, keys: list[str], args: list[Any]) -> Any:
+    def _fcall(self, name: str, keys: list[str], args: list[Any]) -> Any:
         function = self.scripts.function(name)
         if not isinstance(self.client, redis.RedisCluster) or not keys:
-            return self.client.execute_command(command, function, len(keys), *keys, *args)
+            return self.client.execute_command("FCALL", function, len(keys), *keys, *args)
         # redis-py would ask a node which keys an FCALL has (COMMAND GETKEYS), a round trip more:
         # they are known, and all share the first one's slot. A node named so is not tried again
         # by redis-py after a connection error, as it tries an EVALSHA: so it is here, with the
         # slot map read again, as often as the client's retry allows.
         for _ in range(self.client.retry.get_retries()):
             try:
-                return self._fcall_at_slot(command, function, keys, args)
+                return self._fcall_at_slot(function, keys, args)
             except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError):
                 self.client.nodes_manager.initialize()
-        return self._fcall_at_slot(command, function, keys, args)
+        return self._fcall_at_slot(function, keys, args)
 
-    def _fcall_at_slot(self, command: str, function: str, keys: list[str], args: list[Any]) -> Any:
+    def _fcall_at_slot(self, function: str, keys: list[str], args: list[Any]) -> Any:
         client: Any = self.client
         node = client.get_node_from_key(keys[0])
-        return client.execute_command(command, function, len(keys), *keys, *args, target_nodes=node)
+        return client.execute_command("FCALL", function, len(keys), *keys, *args, target_nodes=node)
 
 
 def _refused(error: redis.ResponseError) -> bool:
