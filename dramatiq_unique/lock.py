@@ -16,6 +16,7 @@ from .current import HeldLock
 from .digest import compute_digest, lock_arguments
 from .errors import LockBackendError
 from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, Events, EventSubject
+from .frozen import frozen_instance
 from .keys import ENQUEUE, RUN, enqueue_key, replaced_key, run_key
 from .liveness import worker_id
 from .options import LockConfig
@@ -26,6 +27,7 @@ from .outcome import (
     EnqueueOutcome,
     enqueue_outcome,
     has_followers,
+    plain_message,
     record,
 )
 from .strategies import ConflictStrategy
@@ -97,9 +99,10 @@ class MessageLock:
         self.events = events if events is not None else _NO_EVENTS
         self.config = config
         self.message = message
-        # Read once: a worker's message is a proxy, which looks each attribute up.
-        self.message_id: str = message.message_id
-        self.actor_name: str = message.actor_name
+        #: The message itself, whose fields are read: a worker's proxy looks each one up (an AttributeError apiece).
+        self.sent = plain_message(message)
+        self.message_id: str = self.sent.message_id
+        self.actor_name: str = self.sent.actor_name
         self.digest = digest
         self.logger = logger
         #: Whether the message holds its enqueue lock, as far as this process knows.
@@ -134,7 +137,7 @@ class MessageLock:
     def subject(self) -> EventSubject:
         """What the events of this message's locks are about, for the threads that tell them."""
         return EventSubject(
-            self.actor_name, q_name(self.message.queue_name), self.digest, self.message_id, self.config.lock.name
+            self.actor_name, q_name(self.sent.queue_name), self.digest, self.message_id, self.config.lock.name
         )
 
     def held(self) -> HeldLock | None:
@@ -145,7 +148,10 @@ class MessageLock:
             token = self.enqueue_token
         else:
             return None
-        return HeldLock(digest=self.digest, token=token, lock=self.config.lock.name, message_id=self.message_id)
+        return frozen_instance(
+            HeldLock,
+            {"digest": self.digest, "token": token, "lock": self.config.lock.name, "message_id": self.message_id},
+        )
 
     def emit(
         self,
@@ -264,7 +270,7 @@ class MessageLock:
         series of debounced sends reaches its ``debounce_cap``. The broker computed the eta before
         ``before_enqueue`` and encodes the message after it."""
         if delay is not None and due_within < delay:
-            self.message.options["eta"] = current_millis() + due_within
+            self.sent.options["eta"] = current_millis() + due_within
 
     def record_enqueued(self, replaced: str | None = None, *, status: str = ENQUEUED) -> None:
         """Record in the message that it is enqueued, with its digest and its enqueue lock, if any.
@@ -277,7 +283,7 @@ class MessageLock:
         """
         held = self.holds_enqueue
         record(
-            self.message,
+            self.sent,
             status=status,
             digest=self.digest,
             holder=self.message_id,
@@ -525,7 +531,7 @@ class MessageLock:
         ``strategy`` of that side waits in line."""
         if not strategy.waits_in_line:
             return None
-        message = self.message
+        message = self.sent
         # It is enqueued at once when handed a place: the line was its delay.
         waiting = message.copy(queue_name=q_name(message.queue_name))
         for option in ("eta", "redis_message_id"):
@@ -551,18 +557,18 @@ class MessageLock:
         return Holder(
             message_id=self.message_id,
             actor=self.actor_name,
-            queue=q_name(self.message.queue_name),
+            queue=q_name(self.sent.queue_name),
             lock=self.config.lock.name,
             state=state,
             worker_id=worker_id,
             # A place in the enqueue lock, queued or running, lets the orphan reaper ask a
             # RedisBroker whether its message still exists.
-            redis_message_id=self.message.options.get("redis_message_id") if enqueue_lock else None,
+            redis_message_id=self.sent.options.get("redis_message_id") if enqueue_lock else None,
             # Only a message that checks at start whether it was replaced may be: one
             # whose actor replaces, and that no group or pipeline waits for.
             replaceable=state == "queued"
             and self.config.client_strategy.replaces_queued_holders
-            and not has_followers(self.message),
+            and not has_followers(self.sent),
         )
 
 
@@ -602,12 +608,13 @@ class LockFactory:
         Raises:
           LockArgumentsError: If the digest cannot be computed.
         """
+        sent = plain_message(message)
         if outcome is None:
-            outcome = enqueue_outcome(message)
+            outcome = enqueue_outcome(sent)
         digest = outcome.digest or compute_digest(
-            actor_name=message.actor_name,
-            queue_name=message.queue_name,
-            lock_args=lock_arguments(message.actor_name, config.lock_args_method, message.args, message.kwargs),
+            actor_name=sent.actor_name,
+            queue_name=sent.queue_name,
+            lock_args=lock_arguments(sent.actor_name, config.lock_args_method, sent.args, sent.kwargs),
             unique_across_actors=config.unique_across_actors,
             unique_across_queues=config.unique_across_queues,
         )

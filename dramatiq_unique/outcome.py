@@ -10,6 +10,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
 
 from .errors import EnqueueCancelled
+from .frozen import frozen_instance
 
 #: A message as sent (``Message``) or as a worker processes it (``MessageProxy``).
 AnyMessage = Message[Any] | MessageProxy
@@ -85,17 +86,9 @@ class EnqueueOutcome:
         return self.status in (ENQUEUED, UNLOCKED)
 
 
-#: Every field of an EnqueueOutcome, with its default (``None`` for those without one).
+#: Every field of an EnqueueOutcome, with its default (``None`` for those without one): an outcome is
+#: read for every send and every message a worker processes, and built from these.
 _UNRECORDED: dict[str, Any] = {f.name: None if f.default is MISSING else f.default for f in fields(EnqueueOutcome)}
-
-
-def _outcome_of(values: dict[str, Any]) -> EnqueueOutcome:
-    """The outcome with ``values``, one for every field. It is built without the frozen
-    dataclass's ``__init__``, which sets each field apart through ``object.__setattr__``:
-    one is read for every send and every message a worker processes."""
-    outcome = object.__new__(EnqueueOutcome)
-    outcome.__dict__.update(values)
-    return outcome
 
 
 def enqueue_outcome(message: AnyMessage) -> EnqueueOutcome:
@@ -112,13 +105,13 @@ def enqueue_outcome(message: AnyMessage) -> EnqueueOutcome:
     """
     recorded = message.options.get(OUTCOME_OPTION)
     if not isinstance(recorded, dict) or not recorded.get("status"):
-        return _outcome_of({**_UNRECORDED, "status": ENQUEUED, "holder": message.message_id})
+        return frozen_instance(EnqueueOutcome, {**_UNRECORDED, "status": ENQUEUED, "holder": message.message_id})
     values = {**_UNRECORDED, **recorded}
     if len(values) > len(_UNRECORDED):  # names that are no field, written by another version: left out
         values = {name: values[name] for name in _UNRECORDED}
     if not values["holder"]:
         values["holder"] = message.message_id
-    return _outcome_of(values)
+    return frozen_instance(EnqueueOutcome, values)
 
 
 def plain_message(message: AnyMessage) -> Message[Any]:
