@@ -554,21 +554,25 @@ class MessageLock:
         return self._holder("running", worker_id=worker_id(), enqueue_lock=enqueue_lock)
 
     def _holder(self, state: str, worker_id: str | None = None, *, enqueue_lock: bool = True) -> Holder:
-        return Holder(
-            message_id=self.message_id,
-            actor=self.actor_name,
-            queue=q_name(self.sent.queue_name),
-            lock=self.config.lock.name,
-            state=state,
-            worker_id=worker_id,
-            # A place in the enqueue lock, queued or running, lets the orphan reaper ask a
-            # RedisBroker whether its message still exists.
-            redis_message_id=self.sent.options.get("redis_message_id") if enqueue_lock else None,
-            # Only a message that checks at start whether it was replaced may be: one
-            # whose actor replaces, and that no group or pipeline waits for.
-            replaceable=state == "queued"
-            and self.config.client_strategy.replaces_queued_holders
-            and not has_followers(self.sent),
+        # Built without the dataclass's __init__: every send records one.
+        return frozen_instance(
+            Holder,
+            {
+                "message_id": self.message_id,
+                "actor": self.actor_name,
+                "queue": q_name(self.sent.queue_name),
+                "lock": self.config.lock.name,
+                "state": state,
+                "worker_id": worker_id,
+                # A place in the enqueue lock, queued or running, lets the orphan reaper ask a
+                # RedisBroker whether its message still exists.
+                "redis_message_id": self.sent.options.get("redis_message_id") if enqueue_lock else None,
+                # Only a message that checks at start whether it was replaced may be: one
+                # whose actor replaces, and that no group or pipeline waits for.
+                "replaceable": state == "queued"
+                and self.config.client_strategy.replaces_queued_holders
+                and not has_followers(self.sent),
+            },
         )
 
 
