@@ -212,8 +212,9 @@ class Events:
             self.deliver(build())
 
     def count(self, actor_name: str, kind: str) -> None:
-        """Count an event of ``kind`` about ``actor_name``, whether or not it is built
-        (:meth:`notify` without a function to build it, for the parts that tell an event of every message)."""
+        """Count an event of ``kind`` about ``actor_name``, whether or not it is built. With
+        :meth:`wants` and :meth:`deliver`, :meth:`notify` for a caller that would otherwise
+        make a function to build the event for every message."""
         for counter in self._counters:
             counter(actor_name, kind)
 

@@ -69,7 +69,7 @@ class MessageLock:
         gives up for finished messages, if one runs in this process.
     """
 
-    # What an attempt has not done yet, as class attributes: a lock is built for every message.
+    # The state of an attempt that has done nothing yet, as class attributes: set once, not for every message.
     #: The owner of this processing attempt's place in the run lock.
     run_owner: str | None = None
     run_token: int | None = None
@@ -281,14 +281,14 @@ class MessageLock:
         Parameters:
           status(str): ``"unlocked"`` when it goes out without the lock it should hold.
         """
-        held = self.holds_enqueue
+        holds = self.holds_enqueue
         record(
             self.sent,
             status=status,
             digest=self.digest,
             holder=self.message_id,
-            token=self.enqueue_token if held else None,
-            expires_at=self.enqueue_expires_at if held else None,
+            token=self.enqueue_token if holds else None,
+            expires_at=self.enqueue_expires_at if holds else None,
             replaced=replaced,
             reschedules=self.reschedules,
             line=self.handed_by,
