@@ -1,14 +1,22 @@
-"""The Python a worker spends in UniqueJobs' hooks per until_executed message.
+"""The Python UniqueJobs spends per until_executed message: in a worker's hooks, and in send().
 
-A StubBroker, a StubBackend whose releases cost nothing, and the two hooks a worker thread runs
-around each message (before_process_message, after_process_message), called directly: what is
-left is the middleware's own Python, the part of a busy worker's cost that no round trip hides.
+A StubBroker and a StubBackend whose lock operations cost nothing: what is left is the
+middleware's own Python, the part of a busy worker's or sender's cost that no round trip hides.
+
+* measure(): the two hooks a worker thread runs around each message
+  (before_process_message, after_process_message), called directly.
+* measure_send(): send() of an until_executed actor, less send() of the same actor on a
+  broker without the middleware, in interleaved rounds.
+
 Run: python benchmarks/hooks.py
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import dramatiq
 from dramatiq.broker import MessageProxy
@@ -16,8 +24,12 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import TimeLimit
 
 from dramatiq_unique import StubBackend, UniqueJobs
+from dramatiq_unique.backends import Acquisition
 
 MESSAGES = 10_000
+#: send(): rounds of each kind, and sends per round.
+SEND_ROUNDS = 15
+SENDS_PER_ROUND = 2_000
 
 
 class FreeReleases(StubBackend):
@@ -25,6 +37,16 @@ class FreeReleases(StubBackend):
 
     def release(self, key: str, owner: str) -> bool:
         return True
+
+
+class FreeAcquisitions(FreeReleases):
+    """A StubBackend whose acquisitions cost nothing either: each is the round trip a real
+    backend makes, and only the middleware's Python around it is timed."""
+
+    _taken = Acquisition(acquired=True, token=1)
+
+    def acquire(self, key: str, owner: str, **options: Any) -> Acquisition:
+        return self._taken
 
 
 def measure(messages: int = MESSAGES) -> float:
@@ -47,8 +69,42 @@ def measure(messages: int = MESSAGES) -> float:
     return elapsed / messages * 1e6
 
 
+def measure_send(messages: int = SENDS_PER_ROUND, rounds: int = SEND_ROUNDS) -> float:
+    """Microseconds of UniqueJobs' Python per send() of an until_executed actor: the median of
+    ``rounds`` rounds of ``messages`` sends, less the median of as many sends without it."""
+    locked_broker = StubBroker()
+    locked_broker.add_middleware(UniqueJobs(backend=FreeAcquisitions(), activity=True), before=TimeLimit)
+    plain_broker = StubBroker()
+
+    @dramatiq.actor(broker=locked_broker, lock="until_executed", actor_name="settle_payment")
+    def locked(i: int) -> None:
+        pass
+
+    @dramatiq.actor(broker=plain_broker, actor_name="settle_payment")
+    def plain(i: int) -> None:
+        pass
+
+    def per_send(broker: StubBroker, send: Callable[[int], Any]) -> float:
+        started = time.perf_counter()
+        for i in range(messages):
+            send(i)
+        elapsed = time.perf_counter() - started
+        broker.flush_all()
+        return elapsed / messages * 1e6
+
+    with_lock: list[float] = []
+    without: list[float] = []
+    for _ in range(rounds):
+        with_lock.append(per_send(locked_broker, locked.send))
+        without.append(per_send(plain_broker, plain.send))
+    locked_broker.close()
+    plain_broker.close()
+    return statistics.median(with_lock) - statistics.median(without)
+
+
 def main() -> None:
     print(f"UniqueJobs' worker hooks: {measure():.1f} us of Python per until_executed message")
+    print(f"UniqueJobs' send(): {measure_send():.1f} us of Python per until_executed send")
 
 
 if __name__ == "__main__":

@@ -263,7 +263,7 @@ class ClientSide:
         a dead-lettered message enqueued again by hand."""
         thread, message_id = self._thread, message.message_id
         for lock in (self.processed()[1], thread.taken):
-            if lock is not None and lock.message.message_id == message_id:
+            if lock is not None and lock.message_id == message_id:
                 return True
         return thread.consumer and outcome.status == ENQUEUED and bool(outcome.digest) and outcome.holder == message_id
 

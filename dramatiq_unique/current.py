@@ -68,5 +68,6 @@ def require_current_lock() -> HeldLock:
     return lock
 
 
-def _set_current_lock(lock: HeldLock | None) -> None:
-    _current.set(lock)
+#: Sets the lock the message of this context holds: the context variable's own setter,
+#: without a call of Python around it, as a worker sets it twice for every message.
+_set_current_lock = _current.set

@@ -83,15 +83,24 @@ def canonical_json(value: Any) -> bytes:
     Raises:
       TypeError, ValueError: If Dramatiq's JSON encoder cannot encode ``value`` either.
     """
-    # dramatiq.encoder.JSONEncoder: json.dumps with its defaults (ASCII only, NaN allowed).
     # Nearly every value arrives as it is sent: it needs no trip through JSON and back.
     try:
         unchanged = _arrives_unchanged(value)
     except RecursionError:  # nested deeper than a walk in Python goes, not than json does
         unchanged = False
-    received = value if unchanged else json.loads(json.dumps(value, separators=(",", ":")))
-    canonical = json.dumps(received, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return canonical.encode("utf-8", "surrogatepass")
+    received = value if unchanged else json.loads(_AS_SENT.encode(value))
+    return _CANONICAL.encode(received).encode("utf-8", "surrogatepass")
+
+
+# Encoders built once: json.dumps builds one for every call with options.
+#: dramatiq.encoder.JSONEncoder: json.dumps with its defaults (ASCII only, NaN allowed).
+_AS_SENT = json.JSONEncoder(separators=(",", ":"))
+#: It is given values that the walk of _arrives_unchanged went through, or that json.loads
+#: returned: none holds a cycle, and there is none to look for.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False)
+
+#: The types of the values that JSON gives back as they were.
+_PLAIN = frozenset({int, float, bool, type(None)})
 
 
 def _arrives_unchanged(value: Any) -> bool:
@@ -99,17 +108,27 @@ def _arrives_unchanged(value: Any) -> bool:
     canonical JSON: plain values, lists, tuples, and dicts with string keys,
     with no string holding a surrogate."""
     kind = type(value)
+    if kind in _PLAIN:
+        return True
     if kind is str:
         return _without_surrogates(value)
-    if kind is int or kind is float or kind is bool or value is None:
-        return True
     if kind is list or kind is tuple:
-        return all(_arrives_unchanged(item) for item in value)
-    if kind is dict:
-        return all(
-            type(key) is str and _without_surrogates(key) and _arrives_unchanged(item) for key, item in value.items()
-        )
-    return False
+        items = value
+    elif kind is dict:
+        for key in value:
+            if type(key) is not str or not _without_surrogates(key):
+                return False
+        items = value.values()
+    else:
+        return False
+    # Loops rather than all(): the digest of every send walks its arguments.
+    for item in items:
+        kind = type(item)
+        if kind in _PLAIN or (kind is str and item.isascii()):
+            continue
+        if not _arrives_unchanged(item):
+            return False
+    return True
 
 
 def _without_surrogates(text: str) -> bool:

@@ -207,10 +207,20 @@ class Events:
     def notify(self, kind: str, actor_name: str, build: Callable[[], LockEvent]) -> None:
         """Count an event of ``kind`` about ``actor_name``, and call the subscribers
         of its kind with the event ``build()`` returns, built only if there are any."""
+        self.count(actor_name, kind)
+        if kind in self._subscribers:
+            self.deliver(build())
+
+    def count(self, actor_name: str, kind: str) -> None:
+        """Count an event of ``kind`` about ``actor_name``, whether or not it is built. With
+        :meth:`wants` and :meth:`deliver`, :meth:`notify` for a caller that would otherwise
+        make a function to build the event for every message."""
         for counter in self._counters:
             counter(actor_name, kind)
-        if kind in self._subscribers:
-            self._deliver(build())
+
+    def wants(self, kind: str) -> bool:
+        """Whether anybody subscribed to events of ``kind``: if not, none is built."""
+        return kind in self._subscribers
 
     def notify_about(self, subject: EventSubject, kind: str, **details: Any) -> None:
         """:meth:`notify` of an event of ``kind`` about ``subject``, with the
@@ -219,11 +229,11 @@ class Events:
 
     def emit(self, event: LockEvent) -> None:
         """Count the event and call the subscribers of its kind; none of them can make this raise."""
-        for counter in self._counters:
-            counter(event.actor_name, event.kind)
-        self._deliver(event)
+        self.count(event.actor_name, event.kind)
+        self.deliver(event)
 
-    def _deliver(self, event: LockEvent) -> None:
+    def deliver(self, event: LockEvent) -> None:
+        """Call the subscribers of the event's kind, and count nothing: it was counted already."""
         for callback in self._subscribers.get(event.kind, ()):
             try:
                 callback(event)

@@ -16,6 +16,7 @@ from .current import HeldLock
 from .digest import compute_digest, lock_arguments
 from .errors import LockBackendError
 from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, Events, EventSubject
+from .frozen import frozen_instance
 from .keys import ENQUEUE, RUN, enqueue_key, replaced_key, run_key
 from .liveness import worker_id
 from .options import LockConfig
@@ -26,7 +27,8 @@ from .outcome import (
     EnqueueOutcome,
     enqueue_outcome,
     has_followers,
-    record_outcome,
+    plain_message,
+    record,
 )
 from .strategies import ConflictStrategy
 
@@ -67,6 +69,17 @@ class MessageLock:
         gives up for finished messages, if one runs in this process.
     """
 
+    # The state of an attempt that has done nothing yet, as class attributes: set once, not for every message.
+    #: The owner of this processing attempt's place in the run lock.
+    run_owner: str | None = None
+    run_token: int | None = None
+    #: Whether Dramatiq enqueued the message again while it was being processed.
+    requeued = False
+    #: Whether a newer message took this queued message's place (``replace``): it must not run.
+    superseded = False
+    #: Whether another copy of this message started after it waited in line, so that this one must not run.
+    started_before = False
+
     def __init__(
         self,
         *,
@@ -86,13 +99,17 @@ class MessageLock:
         self.events = events if events is not None else _NO_EVENTS
         self.config = config
         self.message = message
+        #: The message itself, whose fields are read: a worker's proxy looks each one up (an AttributeError apiece).
+        self.sent = plain_message(message)
+        self.message_id: str = self.sent.message_id
+        self.actor_name: str = self.sent.actor_name
         self.digest = digest
         self.logger = logger
         #: Whether the message holds its enqueue lock, as far as this process knows.
         self.holds_enqueue = (
             config.lock.locks_at_enqueue
             and outcome.status == ENQUEUED
-            and outcome.holder == message.message_id
+            and outcome.holder == self.message_id
             and outcome.digest == digest
         )
         self.enqueue_token = outcome.token
@@ -103,58 +120,6 @@ class MessageLock:
         #: which lock's line it was: only that copy may start, and only once.
         self.handoff = outcome.handoff
         self.handed_by = outcome.line if outcome.handoff is not None else None
-        #: The owner of this processing attempt's place in the run lock.
-        self.run_owner: str | None = None
-        self.run_token: int | None = None
-        #: Whether Dramatiq enqueued the message again while it was being processed.
-        self.requeued = False
-        #: Whether a newer message took this queued message's place (``replace``): it must not run.
-        self.superseded = False
-        #: Whether another copy of this message started after it waited in line, so that this one must not run.
-        self.started_before = False
-
-    @classmethod
-    def for_message(
-        cls,
-        *,
-        backend: LockBackend,
-        config: LockConfig,
-        message: AnyMessage,
-        logger: logging.Logger,
-        liveness: Liveness | None = None,
-        events: Events | None = None,
-        releases: BackgroundReleases | None = None,
-        outcome: EnqueueOutcome | None = None,
-    ) -> MessageLock:
-        """The locks of ``message``, with the digest it recorded when it was
-        enqueued, or computed from its arguments.
-
-        Parameters:
-          outcome(EnqueueOutcome): The message's :func:`~dramatiq_unique.enqueue_outcome`, if the caller has it already.
-
-        Raises:
-          LockArgumentsError: If the digest cannot be computed.
-        """
-        if outcome is None:
-            outcome = enqueue_outcome(message)
-        digest = outcome.digest or compute_digest(
-            actor_name=message.actor_name,
-            queue_name=message.queue_name,
-            lock_args=lock_arguments(message.actor_name, config.lock_args_method, message.args, message.kwargs),
-            unique_across_actors=config.unique_across_actors,
-            unique_across_queues=config.unique_across_queues,
-        )
-        return cls(
-            backend=backend,
-            config=config,
-            message=message,
-            digest=digest,
-            outcome=outcome,
-            logger=logger,
-            liveness=liveness,
-            events=events,
-            releases=releases,
-        )
 
     @property
     def enqueue_key(self) -> str:
@@ -171,9 +136,8 @@ class MessageLock:
     @property
     def subject(self) -> EventSubject:
         """What the events of this message's locks are about, for the threads that tell them."""
-        message = self.message
         return EventSubject(
-            message.actor_name, q_name(message.queue_name), self.digest, message.message_id, self.config.lock.name
+            self.actor_name, q_name(self.sent.queue_name), self.digest, self.message_id, self.config.lock.name
         )
 
     def held(self) -> HeldLock | None:
@@ -184,7 +148,10 @@ class MessageLock:
             token = self.enqueue_token
         else:
             return None
-        return HeldLock(digest=self.digest, token=token, lock=self.config.lock.name, message_id=self.message.message_id)
+        return frozen_instance(
+            HeldLock,
+            {"digest": self.digest, "token": token, "lock": self.config.lock.name, "message_id": self.message_id},
+        )
 
     def emit(
         self,
@@ -202,22 +169,23 @@ class MessageLock:
     ) -> None:
         """Count what happened to this message's locks, and tell the
         subscribers of ``kind``; without subscribers, no event is built."""
-        self.events.notify(
-            kind,
-            self.message.actor_name,
-            lambda: self.subject.event(
-                kind,
-                lock_kind=lock_kind,
-                token=token,
-                side=side,
-                strategy=strategy,
-                holders=holders,
-                delay=delay,
-                replaced=replaced,
-                reason=reason,
-                error=error,
-            ),
-        )
+        events = self.events
+        events.count(self.actor_name, kind)
+        if events.wants(kind):
+            events.deliver(
+                self.subject.event(
+                    kind,
+                    lock_kind=lock_kind,
+                    token=token,
+                    side=side,
+                    strategy=strategy,
+                    holders=holders,
+                    delay=delay,
+                    replaced=replaced,
+                    reason=reason,
+                    error=error,
+                )
+            )
 
     def acquire_enqueue(
         self,
@@ -243,9 +211,10 @@ class MessageLock:
           healing(bool): Take it even while the store heals after a loss of its data: the
             message held it before.
         """
+        key = self.enqueue_key
         if self.releases is not None:
             # A message of this process that finished a moment ago gave this lock up.
-            self.releases.settle(self.enqueue_key)
+            self.releases.settle(key)
         # A re-entry keeps the token: only a new place is an acquisition.
         previous = self.enqueue_token if self.holds_enqueue else None
         # Until the backend answers, the message may hold the lock: if the
@@ -255,8 +224,8 @@ class MessageLock:
         limit, ttl, extend = self.config.lock_limit, self.config.lock_ttl, delay or 0
         if may_replace and self.config.client_strategy.replaces_queued_holders:
             acquisition = self.backend.replace(
-                self.enqueue_key,
-                self.message.message_id,
+                key,
+                self.message_id,
                 replaced_key=self.replaced_key,
                 limit=limit,
                 ttl=ttl,
@@ -266,8 +235,8 @@ class MessageLock:
             )
         else:
             acquisition = self.backend.acquire(
-                self.enqueue_key,
-                self.message.message_id,
+                key,
+                self.message_id,
                 limit=limit,
                 ttl=ttl,
                 holder=holder,
@@ -280,27 +249,28 @@ class MessageLock:
             self.enqueue_token = acquisition.token
             self.enqueue_expires_at = acquisition.expires_at
             self.record_enqueued(replaced=acquisition.replaced)
-            self._bring_forward(acquisition.due_within, delay)
+            if acquisition.due_within is not None:
+                self._bring_forward(acquisition.due_within, delay)
             if acquisition.token != previous:
                 self.emit(ACQUIRED, lock_kind=ENQUEUE, token=acquisition.token)
         if acquisition.replaced:
             self.logger.info(
                 "Message %r of actor %r took lock %r from queued message %r, which will be skipped "
                 "(strategy 'replace').",
-                self.message.message_id,
-                self.message.actor_name,
+                self.message_id,
+                self.actor_name,
                 self.digest,
                 acquisition.replaced,
             )
             self.emit(REPLACED, lock_kind=ENQUEUE, replaced=acquisition.replaced)
         return acquisition
 
-    def _bring_forward(self, due_within: int | None, delay: int | None) -> None:
+    def _bring_forward(self, due_within: int, delay: int | None) -> None:
         """Bring a delayed message forward to run within ``due_within`` ms, if that is sooner: its
         series of debounced sends reaches its ``debounce_cap``. The broker computed the eta before
         ``before_enqueue`` and encodes the message after it."""
-        if due_within is not None and delay is not None and due_within < delay:
-            self.message.options["eta"] = current_millis() + due_within
+        if delay is not None and due_within < delay:
+            self.sent.options["eta"] = current_millis() + due_within
 
     def record_enqueued(self, replaced: str | None = None, *, status: str = ENQUEUED) -> None:
         """Record in the message that it is enqueued, with its digest and its enqueue lock, if any.
@@ -311,19 +281,18 @@ class MessageLock:
         Parameters:
           status(str): ``"unlocked"`` when it goes out without the lock it should hold.
         """
-        record_outcome(
-            self.message,
-            EnqueueOutcome(
-                status=status,
-                digest=self.digest,
-                holder=self.message.message_id,
-                token=self.enqueue_token if self.holds_enqueue else None,
-                expires_at=self.enqueue_expires_at if self.holds_enqueue else None,
-                replaced=replaced,
-                reschedules=self.reschedules,
-                line=self.handed_by,
-                handoff=self.handoff,
-            ),
+        holds = self.holds_enqueue
+        record(
+            self.sent,
+            status=status,
+            digest=self.digest,
+            holder=self.message_id,
+            token=self.enqueue_token if holds else None,
+            expires_at=self.enqueue_expires_at if holds else None,
+            replaced=replaced,
+            reschedules=self.reschedules,
+            line=self.handed_by,
+            handoff=self.handoff,
         )
 
     def start_releasing_enqueue(self) -> None:
@@ -374,8 +343,8 @@ class MessageLock:
             self.logger.warning(
                 "Message %r of actor %r runs although its lock %r lapsed before it started "
                 "and is now held by message %s. Raise lock_ttl if its messages wait longer than that.",
-                self.message.message_id,
-                self.message.actor_name,
+                self.message_id,
+                self.actor_name,
                 self.digest,
                 ", ".join(map(repr, acquisition.holders)),
             )
@@ -389,20 +358,20 @@ class MessageLock:
         """
         if self.holds_enqueue:
             self.holds_enqueue = False
-            releases = self.releases
+            key, releases = self.enqueue_key, self.releases
             # The subject is only built for a thread that runs to tell it.
             if (
                 background
                 and releases is not None
                 and releases.running
-                and releases.hand_over(self.enqueue_key, self.message.message_id, self.subject)
+                and releases.hand_over(key, self.message_id, self.subject)
             ):
                 return
             try:
-                released = self.backend.release(self.enqueue_key, self.message.message_id)
+                released = self.backend.release(key, self.message_id)
             except LockBackendError:
                 if self.liveness is not None:
-                    self.liveness.retry_release(self.enqueue_key, self.message.message_id)
+                    self.liveness.retry_release(key, self.message_id)
                 raise
             self.emit(RELEASED if released else LAPSED, lock_kind=ENQUEUE)
 
@@ -423,7 +392,7 @@ class MessageLock:
             return
         key = self.run_key if self.handed_by == RUN else self.enqueue_key
         acquisition = self.backend.record_handoff(
-            key, self.message.message_id, holder=self._holder("queued"), handoff=self.handoff
+            key, self.message_id, holder=self._holder("queued"), handoff=self.handoff
         )
         if self.handed_by == ENQUEUE:
             self.holds_enqueue = acquisition.acquired
@@ -460,7 +429,7 @@ class MessageLock:
         try:
             acquisition = self.backend.swap(
                 release_key=self.enqueue_key,
-                release_owner=self.message.message_id,
+                release_owner=self.message_id,
                 replaced_key=self.replaced_key,
                 acquire_key=self.run_key,
                 owner=owner,
@@ -507,7 +476,7 @@ class MessageLock:
     def _claim(self, *, release: bool) -> str:
         answer = self.backend.claim(
             self.enqueue_key,
-            self.message.message_id,
+            self.message_id,
             replaced_key=self.replaced_key,
             release=release,
             holder=self._running_holder(enqueue_lock=True),
@@ -562,16 +531,13 @@ class MessageLock:
         ``strategy`` of that side waits in line."""
         if not strategy.waits_in_line:
             return None
-        message = self.message
+        message = self.sent
         # It is enqueued at once when handed a place: the line was its delay.
         waiting = message.copy(queue_name=q_name(message.queue_name))
         for option in ("eta", "redis_message_id"):
             waiting.options.pop(option, None)
-        record_outcome(
-            waiting,
-            EnqueueOutcome(
-                status=WAITING, digest=self.digest, holder=message.message_id, reschedules=self.reschedules, line=line
-            ),
+        record(
+            waiting, status=WAITING, digest=self.digest, holder=self.message_id, reschedules=self.reschedules, line=line
         )
         return Waiter(
             message=waiting.encode().decode(),
@@ -588,21 +554,25 @@ class MessageLock:
         return self._holder("running", worker_id=worker_id(), enqueue_lock=enqueue_lock)
 
     def _holder(self, state: str, worker_id: str | None = None, *, enqueue_lock: bool = True) -> Holder:
-        return Holder(
-            message_id=self.message.message_id,
-            actor=self.message.actor_name,
-            queue=q_name(self.message.queue_name),
-            lock=self.config.lock.name,
-            state=state,
-            worker_id=worker_id,
-            # A place in the enqueue lock, queued or running, lets the orphan reaper ask a
-            # RedisBroker whether its message still exists.
-            redis_message_id=self.message.options.get("redis_message_id") if enqueue_lock else None,
-            # Only a message that checks at start whether it was replaced may be: one
-            # whose actor replaces, and that no group or pipeline waits for.
-            replaceable=state == "queued"
-            and self.config.client_strategy.replaces_queued_holders
-            and not has_followers(self.message),
+        # Built without the dataclass's __init__: every send records one.
+        return frozen_instance(
+            Holder,
+            {
+                "message_id": self.message_id,
+                "actor": self.actor_name,
+                "queue": q_name(self.sent.queue_name),
+                "lock": self.config.lock.name,
+                "state": state,
+                "worker_id": worker_id,
+                # A place in the enqueue lock, queued or running, lets the orphan reaper ask a
+                # RedisBroker whether its message still exists.
+                "redis_message_id": self.sent.options.get("redis_message_id") if enqueue_lock else None,
+                # Only a message that checks at start whether it was replaced may be: one
+                # whose actor replaces, and that no group or pipeline waits for.
+                "replaceable": state == "queued"
+                and self.config.client_strategy.replaces_queued_holders
+                and not has_followers(self.sent),
+            },
         )
 
 
@@ -633,18 +603,33 @@ class LockFactory:
         self.releases = releases
 
     def build(self, message: AnyMessage, config: LockConfig, outcome: EnqueueOutcome | None = None) -> MessageLock:
-        """The locks of ``message`` (see :meth:`MessageLock.for_message`).
+        """The locks of ``message``, with the digest it recorded when it was
+        enqueued, or computed from its arguments.
+
+        Parameters:
+          outcome(EnqueueOutcome): The message's :func:`~dramatiq_unique.enqueue_outcome`, if the caller has it already.
 
         Raises:
           LockArgumentsError: If the digest cannot be computed.
         """
-        return MessageLock.for_message(
+        sent = plain_message(message)
+        if outcome is None:
+            outcome = enqueue_outcome(sent)
+        digest = outcome.digest or compute_digest(
+            actor_name=sent.actor_name,
+            queue_name=sent.queue_name,
+            lock_args=lock_arguments(sent.actor_name, config.lock_args_method, sent.args, sent.kwargs),
+            unique_across_actors=config.unique_across_actors,
+            unique_across_queues=config.unique_across_queues,
+        )
+        return MessageLock(
             backend=self.backend,
             config=config,
             message=message,
+            digest=digest,
+            outcome=outcome,
             logger=self.logger,
             liveness=self.liveness,
             events=self.events,
             releases=self.releases,
-            outcome=outcome,
         )

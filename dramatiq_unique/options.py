@@ -414,10 +414,12 @@ class MessageOptionsCheck:
                 "a callable cannot travel with a message. Set it on the actor, @dramatiq.actor(lock_args_method=...), "
                 "or on UniqueJobs. The message was not enqueued and no lock was taken."
             )
-        for name in message.options.keys() - broker.actor_options:
-            suggestion = _misspelt(name) if isinstance(name, str) else None
-            if suggestion is not None:
-                self._warn(message.actor_name, name, suggestion)
+        actor_options = broker.actor_options
+        for name in message.options:  # no set built: every send passes here
+            if name not in actor_options and isinstance(name, str):
+                suggestion = _misspelt(name)
+                if suggestion is not None:
+                    self._warn(message.actor_name, name, suggestion)
 
     def _warn(self, actor_name: str, name: str, suggestion: str) -> None:
         if not self._warned.first((actor_name, name)):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, NoReturn
 
 from dramatiq import Broker, Message
@@ -10,6 +10,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
 
 from .errors import EnqueueCancelled
+from .frozen import frozen_instance
 
 #: A message as sent (``Message``) or as a worker processes it (``MessageProxy``).
 AnyMessage = Message[Any] | MessageProxy
@@ -85,6 +86,11 @@ class EnqueueOutcome:
         return self.status in (ENQUEUED, UNLOCKED)
 
 
+#: Every field of an EnqueueOutcome, with its default (``None`` for those without one): an outcome is
+#: read for every send and every message a worker processes, and built from these.
+_UNRECORDED: dict[str, Any] = {f.name: None if f.default is MISSING else f.default for f in fields(EnqueueOutcome)}
+
+
 def enqueue_outcome(message: AnyMessage) -> EnqueueOutcome:
     """Tell what ``send()`` did with the message it returned.
 
@@ -99,20 +105,18 @@ def enqueue_outcome(message: AnyMessage) -> EnqueueOutcome:
     """
     recorded = message.options.get(OUTCOME_OPTION)
     if not isinstance(recorded, dict) or not recorded.get("status"):
-        return EnqueueOutcome(status=ENQUEUED, holder=message.message_id)
-    return EnqueueOutcome(
-        status=recorded["status"],
-        digest=recorded.get("digest"),
-        holder=recorded.get("holder") or message.message_id,
-        token=recorded.get("token"),
-        expires_at=recorded.get("expires_at"),
-        replaced=recorded.get("replaced"),
-        reschedules=recorded.get("reschedules", 0),
-        reason=recorded.get("reason"),
-        position=recorded.get("position"),
-        line=recorded.get("line"),
-        handoff=recorded.get("handoff"),
-    )
+        return frozen_instance(EnqueueOutcome, {**_UNRECORDED, "status": ENQUEUED, "holder": message.message_id})
+    values = {**_UNRECORDED, **recorded}
+    if len(values) > len(_UNRECORDED):  # names that are no field, written by another version: left out
+        values = {name: values[name] for name in _UNRECORDED}
+    if not values["holder"]:
+        values["holder"] = message.message_id
+    return frozen_instance(EnqueueOutcome, values)
+
+
+def plain_message(message: AnyMessage) -> Message[Any]:
+    """The message itself, out of a worker's proxy, which looks up each attribute read through it."""
+    return message._message if isinstance(message, MessageProxy) else message
 
 
 def has_followers(message: AnyMessage) -> bool:
@@ -122,13 +126,56 @@ def has_followers(message: AnyMessage) -> bool:
 
 def record_outcome(message: AnyMessage, outcome: EnqueueOutcome) -> None:
     """Write ``outcome`` into the message's options."""
-    recorded: dict[str, Any] = {"status": outcome.status, "digest": outcome.digest, "holder": outcome.holder}
-    for name in ("token", "expires_at", "replaced", "reason", "position", "line", "handoff"):
-        value = getattr(outcome, name)
-        if value is not None:
-            recorded[name] = value
-    if outcome.reschedules:
-        recorded["reschedules"] = outcome.reschedules
+    record(
+        message,
+        status=outcome.status,
+        digest=outcome.digest,
+        holder=outcome.holder,
+        token=outcome.token,
+        expires_at=outcome.expires_at,
+        replaced=outcome.replaced,
+        reschedules=outcome.reschedules,
+        reason=outcome.reason,
+        position=outcome.position,
+        line=outcome.line,
+        handoff=outcome.handoff,
+    )
+
+
+def record(
+    message: AnyMessage,
+    *,
+    status: str,
+    digest: str | None,
+    holder: str,
+    token: int | None = None,
+    expires_at: int | None = None,
+    replaced: str | None = None,
+    reschedules: int = 0,
+    reason: str | None = None,
+    position: int | None = None,
+    line: str | None = None,
+    handoff: int | None = None,
+) -> None:
+    """Write the outcome with these fields (see :class:`EnqueueOutcome`) into the message's
+    options, without building it: every send records one. Fields that are not set are left out."""
+    recorded: dict[str, Any] = {"status": status, "digest": digest, "holder": holder}
+    if token is not None:
+        recorded["token"] = token
+    if expires_at is not None:
+        recorded["expires_at"] = expires_at
+    if replaced is not None:
+        recorded["replaced"] = replaced
+    if reason is not None:
+        recorded["reason"] = reason
+    if position is not None:
+        recorded["position"] = position
+    if line is not None:
+        recorded["line"] = line
+    if handoff is not None:
+        recorded["handoff"] = handoff
+    if reschedules:
+        recorded["reschedules"] = reschedules
     message.options[OUTCOME_OPTION] = recorded
 
 

@@ -23,7 +23,7 @@ from .events import BACKEND_ERROR, CONFLICT
 from .lock import LockFactory, MessageLock
 from .options import ActorConfigs
 from .outage import Outage
-from .outcome import REJECTED, EnqueueOutcome, enqueue_outcome
+from .outcome import REJECTED, EnqueueOutcome, enqueue_outcome, plain_message
 from .strategies import SERVER
 
 
@@ -77,10 +77,11 @@ class WorkerSide:
         thread.processing = None
         # Every message, locked or not: its pipeline's next step is enqueued from here.
         thread.message = message
-        config = self.configs.for_message(message)
+        sent = plain_message(message)
+        config = self.configs.for_message(sent)
         if config is None:
             return
-        outcome = enqueue_outcome(message)
+        outcome = enqueue_outcome(sent)
         if outcome.status == REJECTED:
             self._dead_letter(message, outcome)
         lock = self.lock_for(message, config, outcome)
@@ -124,7 +125,7 @@ class WorkerSide:
     def enqueued(self, message: Message[Any]) -> None:
         """Dramatiq enqueued ``message``: if this thread processes it (a retry), that copy keeps its enqueue lock."""
         processing = self._thread.processing
-        if processing is not None and processing.message.message_id == message.message_id:
+        if processing is not None and processing.message_id == message.message_id:
             processing.requeued = True
 
     def finish(self, message: MessageProxy) -> None:
@@ -133,11 +134,12 @@ class WorkerSide:
         thread = self._thread
         thread.message = None
         lock, thread.processing = thread.processing, None
-        if lock is None or lock.message.message_id != message.message_id:
+        if lock is None or (lock.message is not message and lock.message_id != message.message_id):
             # An earlier middleware skipped the message before we saw it
             # (AgeLimit): it gives up the enqueue lock it recorded, if any.
-            config = self.configs.for_message(message)
-            if config is None or not enqueue_outcome(message).digest:
+            sent = plain_message(message)
+            config = self.configs.for_message(sent)
+            if config is None or not enqueue_outcome(sent).digest:
                 return
             lock = self.lock_for(message, config)
         self.outage.release(self._give_up, lock, "after it was processed")
