@@ -88,7 +88,8 @@ def measure(url: str, name: str, options: dict[str, Any]) -> Run:
         broker.join(post.queue_name)
         worker.join()
         settle(middleware)
-        calls = int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+        stats = client.info("commandstats")
+        calls = sum(int(stats.get(f"cmdstat_{command}", {}).get("calls", 0)) for command in ("fcall", "evalsha"))
     finally:
         worker.stop()
         broker.close()

@@ -60,7 +60,7 @@ def measure(url: str, locks: int = LOCKS) -> Figures:
             )
             key = enqueue_key("dramatiq-unique", digest)
             # The backend's own acquire script, pipelined: 100,000 round trips would take minutes.
-            backend._acquire(keys=[key], args=[message_id, 1, 0, 0, holder.encode(message_id)], client=pipe)
+            backend._scripts.pipeline_call(pipe, "acquire", [key], [message_id, 1, 0, 0, holder.encode(message_id)])
             keys.append(key)
             owners[key] = message_id
         pipe.execute()
@@ -71,7 +71,7 @@ def measure(url: str, locks: int = LOCKS) -> Figures:
     record = client.hgetall(keys[0])
     pipe = client.pipeline(transaction=False)
     for key in sample:
-        backend._release(keys=[key], args=[owners[key]], client=pipe)
+        backend._scripts.pipeline_call(pipe, "release", [key], [owners[key]])
     pipe.execute()
     fence = sum(client.memory_usage(key, samples=0) for key in sample) / SAMPLE
     fence_encoding = client.object("encoding", sample[0])
