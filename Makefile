@@ -22,7 +22,7 @@ test-oldest: $(OLDEST_VENV)/.test
 	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # Every figure of docs/performance.md from one run, with the machine it ran on (a few minutes).
-bench: $(VENV)/.test
+bench: $(VENV)/.bench
 	$(VENV)/bin/python benchmarks/report.py
 
 # The documentation site in docs/_build/html, read afresh (-E): any Sphinx warning fails the build.
@@ -47,6 +47,11 @@ $(VENV)/.docs: pyproject.toml $(VENV)/bin/python
 
 $(VENV)/.test: pyproject.toml $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+# The test environment with the hiredis extra, which the bench compares with redis-py's own parser.
+$(VENV)/.bench: $(VENV)/.test
+	$(VENV)/bin/python -m pip install --quiet -e '.[test,hiredis]'
 	touch $@
 
 $(OLDEST_VENV)/.test: pyproject.toml .ci/oldest-versions.txt

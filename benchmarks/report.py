@@ -128,6 +128,7 @@ def main() -> None:
         p6 = by_parser[parsers[-1]]
         server = latency.server_time(url)
         lifecycle = server_time.measure(url, other_url)
+        by_functions = server_time.functions_against_evalsha(other_url)
         hooks_us = [hooks.measure() for _ in range(HOOKS_ROUNDS)]
         send_us = hooks.measure_send()
         p3 = overhead.measure_p3(url, other_url)
@@ -184,6 +185,11 @@ def main() -> None:
         f"{statistics.median(lifecycle.scripts):.2f} script calls; redis-py Lock acquire + release "
         f"{median_range(lifecycle.redis_py_lock, '{:.1f} µs')}"
     )
+    if by_functions:
+        print(
+            "Server time of an acquire + release called as Redis Functions ÷ called by EVALSHA, interleaved rounds: "
+            + median_range(by_functions, "{:.2f}")
+        )
     print(f"Memory: one held lock {p4.record}; a released lock's fence {p4.fence:.0f} B (`{p4.fence_encoding}`)")
     print(
         "Round trips per message (lock_ttl=None / 60 s): "

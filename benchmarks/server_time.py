@@ -24,6 +24,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import TimeLimit
 
 from dramatiq_unique import RedisBackend, UniqueJobs
+from dramatiq_unique.backends import Holder
 
 try:
     from ._server import redis_urls
@@ -131,6 +132,50 @@ def redis_py_locks(locks_url: str, calls: int) -> float:
     after = commandstats(locks)
     locks.close()
     return spent(before, after, ("set", *SCRIPT_CALLS))[1] / calls
+
+
+def backend_lifecycles(backend: RedisBackend, calls: int) -> float:
+    """Server µs per acquire + release of an until_executed lock on a new key, by ``backend``."""
+    client = backend.client
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    holders = [
+        Holder(message_id=str(uuid.uuid4()), actor="settle", queue="default", lock="until_executed", state="queued")
+        for _ in range(calls)
+    ]
+    before = commandstats(client)
+    for i, holder in enumerate(holders):
+        key = f"{prefix}:{{{i}}}"
+        backend.acquire(key, holder.message_id, limit=1, ttl=None, holder=holder)
+        backend.release(key, holder.message_id)
+    return spent(before, commandstats(client), SCRIPT_CALLS)[1] / calls
+
+
+def functions_against_evalsha(locks_url: str, rounds: int = 11, calls: int = MESSAGES) -> list[float]:
+    """Server time of the lock scripts called as Redis Functions ÷ called by EVALSHA, per round
+    (acquire + release on new keys), EVALSHA for a user an ACL denies FUNCTION, as a managed
+    server may; empty where the server has no Functions or refuses ACL SETUSER."""
+    admin = redis.Redis.from_url(locks_url)
+    try:
+        admin.acl_setuser(
+            "bench-evalsha", enabled=True, passwords=["+bench"], keys=["*"], commands=["+@all", "-function"]
+        )
+    except redis.ResponseError:
+        return []
+    functions = RedisBackend(url=locks_url)
+    evalsha = RedisBackend(client=redis.Redis.from_url(locks_url, username="bench-evalsha", password="bench"))
+    ratios = []
+    try:
+        backend_lifecycles(functions, 10)  # loads the library, and the scripts
+        backend_lifecycles(evalsha, 10)
+        if not functions._scripts.functions:
+            return []
+        for _ in range(rounds):
+            ratios.append(backend_lifecycles(functions, calls) / backend_lifecycles(evalsha, calls))
+    finally:
+        admin.acl_deluser("bench-evalsha")
+        for client in (admin, functions.client, evalsha.client):
+            client.close()
+    return ratios
 
 
 def measure(broker_url: str, locks_url: str, rounds: int = ROUNDS, messages: int = MESSAGES) -> Figures:
