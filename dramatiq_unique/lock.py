@@ -99,7 +99,8 @@ class MessageLock:
         self.events = events if events is not None else _NO_EVENTS
         self.config = config
         self.message = message
-        #: The message itself, whose fields are read: a worker's proxy looks each one up (an AttributeError apiece).
+        #: The message itself, whose fields are read without a worker's proxy, which looks each
+        #: one up (an AttributeError apiece).
         self.sent = plain_message(message)
         self.message_id: str = self.sent.message_id
         self.actor_name: str = self.sent.actor_name
