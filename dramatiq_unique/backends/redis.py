@@ -51,7 +51,7 @@ from .scripts import LuaScripts, ScriptCaller
 #: no RedisError: a RedisCluster client raises it when no node of the cluster answers.
 _REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
 
-#: How often a change sent with WAIT follows NOSCRIPT, MOVED and ASK answers before it gives up.
+#: How often a change sent with WAIT follows answers of a server without the scripts, MOVED and ASK before it gives up.
 _REDIRECTS = 5
 #: The hash slots of a Redis Cluster.
 _SLOTS = 16384
@@ -92,9 +92,10 @@ EVICTION_POLICIES = (
 class RedisBackend(LockBackend):
     """A lock backend for `Redis <https://redis.io>`_, Redis Sentinel and Redis Cluster.
 
-    Each transition is one Lua script called by SHA (one round trip); the
-    client reloads a script by itself when the server answers ``NOSCRIPT``
-    after a restart or failover. Times come from the Redis server's clock.
+    Each transition is one Lua script (one round trip): a function of a library
+    loaded once per server where it has Redis Functions, else called by SHA; a
+    server that lost the scripts (a restart, a failover) gets them again by
+    itself. Times come from the Redis server's clock.
 
     Parameters:
       client(redis.Redis): An optional client, e.g. a :class:`~redis.cluster.RedisCluster`
