@@ -195,7 +195,7 @@ class ScriptCaller:
         # they are known, and all share the first one's slot. A node named so is not tried again
         # by redis-py after a connection error, as it tries an EVALSHA: so it is here, with the
         # slot map read again, as often as the client's retry allows.
-        for _ in range(self.client.retry.get_retries()):
+        for _ in range(_retries(self.client)):
             try:
                 return self._fcall_at_slot(function, keys, args)
             except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError):
@@ -206,6 +206,13 @@ class ScriptCaller:
         client: Any = self.client
         node = client.get_node_from_key(keys[0])
         return client.execute_command("FCALL", function, len(keys), *keys, *args, target_nodes=node)
+
+
+def _retries(client: Any) -> int:
+    """How often ``client``, a RedisCluster, tries a command again after a connection error:
+    its ``retry`` from redis-py 5.1 on, ``cluster_error_retry_attempts`` before."""
+    retry = getattr(client, "retry", None)
+    return int(retry.get_retries()) if retry is not None else int(getattr(client, "cluster_error_retry_attempts", 3))
 
 
 def _refused(error: redis.ResponseError) -> bool:
