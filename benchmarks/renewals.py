@@ -45,12 +45,6 @@ class _OneByOne(RedisBackend):
         return LockBackend.renew_many(self, leases)
 
 
-def _script_id(backend: RedisBackend, name: str) -> str:
-    """What MONITOR names the script ``name`` by: its function (FCALL), or its SHA (EVALSHA)."""
-    scripts = backend._scripts
-    return scripts.scripts.function(name) if scripts.functions else scripts.scripts.shas[name]
-
-
 def _watch(url: str, ids: dict[str, str], seconds: float) -> dict[str, list[tuple[float, int]]]:
     """The calls of each script of ``ids`` (name -> function or SHA) that reach the server within
     ``seconds``: when, and how many keys."""
@@ -97,7 +91,8 @@ def measure(url: str, backend_class: type[RedisBackend]) -> dict[str, float]:
             time.sleep(0.01)
         # One renewal first, so that the scripts are loaded: a call the server lacked would count twice.
         time.sleep(LEASE_PERIOD / 1000)
-        calls = _watch(url, {name: _script_id(backend, name) for name in ("heartbeat", "renew", "renew_many")}, WATCH)
+        scripts = {name: backend._scripts.called_as(name) for name in ("heartbeat", "renew", "renew_many")}
+        calls = _watch(url, scripts, WATCH)
     finally:
         finish.set()
         broker.join(sync.queue_name)

@@ -25,13 +25,6 @@ FAST_RETRIES = {"min_backoff": 10, "max_backoff": 40}
 SCRIPT_CALLS = ("fcall", "evalsha")
 
 
-def script_id(backend: RedisBackend, name: str) -> str:
-    """What a MONITOR line names the script ``name`` of ``backend`` by, after FCALL or EVALSHA:
-    its function, or its SHA."""
-    scripts = backend._scripts
-    return scripts.scripts.function(name) if scripts.functions else scripts.scripts.shas[name]
-
-
 def pop_script_calls(calls: dict[str, int]) -> int:
     """Remove the script calls from ``calls`` (command -> calls, from ``INFO commandstats``) and
     return how many there were: the round trips of the lock transitions."""

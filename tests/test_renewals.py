@@ -16,7 +16,7 @@ from redis.crc import key_slot
 from dramatiq_unique import LockEvent, RedisBackend, UniqueJobs
 from dramatiq_unique.keys import registry_key
 
-from .support import Env, script_id, wait_for
+from .support import Env, wait_for
 
 #: Short leases, renewed every heartbeat or two, so that a test sees several renewals of each.
 LEASE = 300
@@ -123,9 +123,9 @@ def test_the_leases_of_64_running_messages_are_renewed_in_one_call_per_heartbeat
     assert len(started) == ACCOUNTS * PLACES
     assert len(env.seen.skipped) == ACCOUNTS
     backend = env.backend
-    assert calls.of(script_id(backend, "renew")) == [], "a lease was renewed on its own"
-    renewals = calls.of(script_id(backend, "renew_many"))
-    beats = [at for at, _, _ in calls.of(script_id(backend, "heartbeat"))]
+    assert calls.of(backend._scripts.called_as("renew")) == [], "a lease was renewed on its own"
+    renewals = calls.of(backend._scripts.called_as("renew_many"))
+    beats = [at for at, _, _ in calls.of(backend._scripts.called_as("heartbeat"))]
     assert len(beats) >= 5
     renewed = {(key, owner) for _, keys, args in renewals for key, owner in zip(keys, args[::3], strict=True)}
     assert len(renewed) == ACCOUNTS * PLACES, "every lease was renewed"

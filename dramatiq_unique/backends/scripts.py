@@ -134,6 +134,11 @@ class ScriptCaller:
         else:
             pipe.evalsha(self.scripts.shas[name], len(keys), *keys, *args)
 
+    def called_as(self, name: str) -> str:
+        """What a call of script ``name`` names it by after FCALL or EVALSHA (as MONITOR shows
+        it): its function, or its SHA."""
+        return self.scripts.function(name) if self.functions else self.scripts.shas[name]
+
     def missing(self, reply: Any) -> bool:
         """Whether a pipeline's ``reply`` says that the server had not the script."""
         if isinstance(reply, redis.exceptions.NoScriptError):
