@@ -36,7 +36,7 @@ def settle_payment(event_id: str, payload: dict[str, Any] | None = None) -> None
 
 @dramatiq.actor(queue_name="sync", lock="while_executing", on_conflict="reschedule")
 def sync_account_balance(account_id: int) -> None:
-    gate.wait(10)
+    gate.wait(600)
 
 
 @dramatiq.actor(queue_name="reports", lock="until_executed", lock_limit=2)
