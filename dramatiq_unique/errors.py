@@ -43,7 +43,8 @@ class LockBackendError(UniqueError):
 class LockStoreHealing(LockBackendError):
     """Raised when the lock store refuses a new lock because it lost its data and heals:
     until the workers have taken again the locks of the messages they know of. The
-    ``on_backend_error`` policy decides what a caller sees, as in an outage."""
+    ``on_backend_error`` policy decides what a caller sees, as in an outage. See
+    :doc:`Deploying the lock store </deploying-the-lock-store>`."""
 
     def __init__(self) -> None:
         super().__init__(

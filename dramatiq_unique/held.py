@@ -29,7 +29,7 @@ class HolderInfo:
         where the message is now: an enqueue lock records ``"queued"`` at
         enqueue and keeps it while its message runs, except where the message
         records that it starts (``replace``, or a lock taken again after it
-        lapsed); a run lock is always ``"running"``. See docs/operations.md.
+        lapsed); a run lock is always ``"running"``. See :doc:`Operations </operations>`.
       worker_id(str): The worker process running the message, for run locks.
       acquired_at(int): When the place was taken, in ms of the backend's clock.
       expires_at(int): When the place lapses, in ms of the backend's clock;

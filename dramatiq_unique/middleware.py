@@ -75,8 +75,9 @@ class UniqueJobs(Middleware):
     options (``@dramatiq.actor(lock=...)``) and, except ``lock_args_method``,
     message options (``send_with_options``); the message's value wins over the
     actor's, which wins over the one given here. Those from ``lease_period`` on
-    are options of the middleware only: crash safety (see docs/crash-safety.md)
-    and lock events (see docs/events-and-metrics.md).
+    are options of the middleware only: crash safety (see
+    :doc:`Crash safety </crash-safety>` and :doc:`The orphan reaper </orphan-reaper>`)
+    and lock events (see :doc:`Events and metrics </events-and-metrics>`).
 
     Parameters:
       backend(LockBackend): Where locks are stored. Leave it out, as django_dramatiq
@@ -97,7 +98,8 @@ class UniqueJobs(Middleware):
       max_reschedules(int): How often a duplicate may be rescheduled; ``None`` for no limit.
       line_limit(int): How many duplicates may wait in a lock's line (``on_conflict="wait"``).
       debounce(int): Milliseconds of quiet before a debounced message runs: a newer send
-        starts them again and takes its place. ``None`` for no debounce. See docs/options.md.
+        starts them again and takes its place. ``None`` for no debounce. See
+        :doc:`Options </options>`.
       debounce_cap(int): Milliseconds a series of debounced sends is postponed at most;
         ``None`` for no bound.
       lease_period(int): Milliseconds a run lock is held without a renewal: a
@@ -117,7 +119,7 @@ class UniqueJobs(Middleware):
       background_releases(bool): In a worker, give up a finished message's
         enqueue lock from a thread of the process, many in one round trip,
         so that the worker thread goes on to its next message at once. The
-        lock is then held a little longer (see docs/crash-safety.md); a
+        lock is then held a little longer (see :doc:`Crash safety </crash-safety>`); a
         ``send()`` in the same process never meets such a release of its lock.
       metrics(bool|prometheus_client.CollectorRegistry): Count lock events in Prometheus
         counters: ``True`` for prometheus_client's default registry, or the
@@ -296,7 +298,8 @@ class UniqueJobs(Middleware):
         for ``broker`` the first time the middleware met a broker: the Redis named
         by the ``DRAMATIQ_UNIQUE_URL`` environment variable, else the one of the
         Django setting ``DRAMATIQ_UNIQUE``, else the broker's own Redis when it is
-        a ``RedisBroker`` (see docs/integrations/django.md).
+        a ``RedisBroker`` (see :doc:`Backends </backends>` and
+        :doc:`Django </integrations/django>`).
 
         Raises:
           InvalidBackendOptions: If nothing names a lock backend, saying what to set.

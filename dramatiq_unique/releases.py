@@ -10,7 +10,7 @@ What a user sees of it:
 
 * a finished message holds its lock a little longer: until its release's round
   trip, plus the one in flight when it was handed over and the thread's wait for
-  the interpreter lock (see docs/performance.md for the figures measured);
+  the interpreter lock (see :doc:`Performance </performance>` for the figures measured);
 * a ``send()`` in the same process never meets a lock whose release is waiting:
   it sends that release itself, or waits for the round trip that carries it
   (:meth:`BackgroundReleases.settle`);

@@ -104,7 +104,8 @@ class Holder:
 
     def encode(self, owner: str) -> str:
         """The holder as the backends record it for ``owner``: in a compact form of a few dozen
-        bytes (see docs/backends.md), or as :meth:`to_json` when a value has no compact form."""
+        bytes (see :doc:`How the Redis backend stores locks </backend-internals>`), or as
+        :meth:`to_json` when a value has no compact form."""
         # Every held lock pays for these bytes: Redis keeps a hash whose values are all
         # short in its compact encoding, a third of the memory.
         state, lock = _STATE_CODES.get(self.state), _LOCK_CODES.get(self.lock)

@@ -116,19 +116,19 @@ class RedisBackend(LockBackend):
       fence_retention(int): Milliseconds a lock's fencing token is kept after
         its last holder left or lapsed (a few dozen bytes per lock): tokens
         keep increasing through steps back of the server's clock shorter than
-        this. See docs/fencing-tokens.md.
+        this. See :doc:`Fencing tokens </fencing-tokens>`.
       min_replicas(int): How many replicas must have each change of a lock
         before it counts as made (``WAIT``, sent in the same round trip as
         the change). A change that fewer replicas acknowledged within
         ``replica_timeout`` raises :class:`LockBackendError`, so a lock is
         never reported held when a failover may lose it. 0, the default,
-        waits for none. See docs/failover.md.
+        waits for none. See :doc:`Failover </failover>`.
       replica_timeout(int): Milliseconds a change waits for its
         ``min_replicas`` replicas. The client's ``socket_timeout`` must be longer.
       accepted_eviction_policy(str): A ``maxmemory-policy`` that may evict locks (e.g.
         ``"volatile-lru"``) which you accept knowingly on this lock store: a worker's boot
         and the first send then log no WARNING about it. ``None``, the default, accepts none.
-        See docs/deploying-the-lock-store.md.
+        See :doc:`Deploying the lock store </deploying-the-lock-store>`.
       **parameters: Connection parameters passed to :class:`redis.Redis`, or
         added to those of the URL (e.g. ``socket_timeout``), or passed to
         the Sentinel ``master_for`` client.
@@ -144,7 +144,7 @@ class RedisBackend(LockBackend):
     #: How long, in seconds, a call is tried again while Redis Cluster cannot run it yet
     #: (``TRYAGAIN`` for longer than redis-py retries it, e.g. the swap of a digest whose slot
     #: is moving between masters, or ``CLUSTERDOWN``). Such a call never ran, so trying it
-    #: again is safe. See docs/redis-cluster.md.
+    #: again is safe. See :doc:`Running on Redis Cluster </redis-cluster>`.
     cluster_retry_seconds = 5.0
 
     def __init__(

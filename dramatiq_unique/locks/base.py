@@ -21,7 +21,8 @@ class LockType:
 
     #: The name used in ``@dramatiq.actor(lock=...)``.
     name: ClassVar[str]
-    #: Its letter in the compact record of a holder (see docs/backends.md).
+    #: Its letter in the compact record of a holder (see
+    #: :doc:`How the Redis backend stores locks </backend-internals>`).
     code: ClassVar[str]
     #: Whether the lock is taken when the message is enqueued.
     locks_at_enqueue: ClassVar[bool] = True
