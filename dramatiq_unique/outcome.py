@@ -133,10 +133,10 @@ def record_outcome(message: AnyMessage, outcome: EnqueueOutcome) -> None:
     ``"enqueued"``. The outcome travels in the message's options.
 
     Examples:
-      >>> record_outcome(
-      ...     conflict.message,
-      ...     EnqueueOutcome(status="duplicate", digest=conflict.digest, holder=conflict.holders[0]),
+      >>> duplicate = EnqueueOutcome(
+      ...     status="duplicate", digest=conflict.digest, holder=conflict.holders[0]
       ... )
+      >>> record_outcome(conflict.message, duplicate)
 
     Parameters:
       message(dramatiq.Message): The message, as sent or as a worker processes it.
