@@ -26,7 +26,9 @@ PREFIX = "example-async"
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
 unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock")
 broker.add_middleware(unique, before=TimeLimit)
-broker.add_middleware(AsyncIO())  # runs every async def actor on one event loop thread per worker process
+broker.add_middleware(
+    AsyncIO()
+)  # runs every async def actor on one event loop thread per worker process
 dramatiq.set_broker(broker)
 
 
@@ -42,7 +44,9 @@ class Ledger:
 
     async def save(self, account_id, balance, token):
         if token < self.fences.get(account_id, 0):
-            raise StaleLock(f"account {account_id}: token {token} is older than the last write")
+            raise StaleLock(
+                f"account {account_id}: token {token} is older than the last write"
+            )
         self.balances[account_id], self.fences[account_id] = balance, token
 
 
@@ -56,7 +60,9 @@ running, bank_may_answer, done = threading.Event(), threading.Event(), threading
 async def fetch_balance(account_id):
     # Stands for an HTTP call with an async client: A's hangs until the story lets it answer.
     while account_id == 42 and not bank_may_answer.is_set():
-        await asyncio.sleep(0.01)  # meanwhile the event loop runs the other messages' coroutines
+        await asyncio.sleep(
+            0.01
+        )  # meanwhile the event loop runs the other messages' coroutines
     return {42: "100.00", 43: "7.50"}[account_id]
 
 
@@ -71,13 +77,18 @@ async def sync_balance(account_id):
     with story:  # a moment's wait for send() to return: no await inside, so the loop is held only that long
         name = names[lock.message_id]
         tokens[name] = lock.token
-        print(f"  {name} holds the run lock of account {account_id}, on the event loop thread: {on_loop}", flush=True)
+        print(
+            f"  {name} holds the run lock of account {account_id}, on the event loop thread: {on_loop}",
+            flush=True,
+        )
     if name == "A":
         running.set()
     balance = await fetch_balance(account_id)
     seen_by_task = await asyncio.create_task(audit(account_id))
     await ledger.save(account_id, balance, lock.token)
-    print(f"  {name} saves {balance} with its token; a task it started saw the same: {seen_by_task == lock.token}")
+    print(
+        f"  {name} saves {balance} with its token; a task it started saw the same: {seen_by_task == lock.token}"
+    )
     done.set()
 
 
@@ -100,7 +111,9 @@ def main():
         while not conflicts:
             time.sleep(0.01)
         event = conflicts[0]
-        print(f"  B met the run lock held by {names[event.holders[0]]}: dropped (strategy {event.strategy!r})")
+        print(
+            f"  B met the run lock held by {names[event.holders[0]]}: dropped (strategy {event.strategy!r})"
+        )
         done.clear()
         send("C", 43)  # another account, another lock: it runs while A still waits
         done.wait(10)
@@ -110,9 +123,13 @@ def main():
         send("D", 42)  # later: a new run, a new token
         broker.join(sync_balance.queue_name, timeout=10_000)
         worker.join()
-        print(f"Tokens of account 42: A's is {'lower' if tokens['A'] < tokens['D'] else 'NOT lower'} than D's.")
+        print(
+            f"Tokens of account 42: A's is {'lower' if tokens['A'] < tokens['D'] else 'NOT lower'} than D's."
+        )
         try:
-            asyncio.run(ledger.save(42, "100.00", tokens["A"]))  # A's write, arriving late
+            asyncio.run(
+                ledger.save(42, "100.00", tokens["A"])
+            )  # A's write, arriving late
         except StaleLock:
             print("A late write with A's token is refused: StaleLock.")
         print(f"Outside an actor, current_lock() is {current_lock()}.")
@@ -120,7 +137,13 @@ def main():
         worker.stop()
         broker.close()
         delete_keys(PREFIX)
-    print("Balances:", ", ".join(f"{account} = {balance}" for account, balance in sorted(ledger.balances.items())))
+    print(
+        "Balances:",
+        ", ".join(
+            f"{account} = {balance}"
+            for account, balance in sorted(ledger.balances.items())
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -75,10 +75,22 @@ def main():
         sent = [call_partner_api.send("acme", request) for request in range(5)]
         sent.append(call_partner_api.send("globex", 0))
         queued = sum(enqueue_outcome(message).enqueued for message in sent)
-        print(f"send 5 calls for acme and 1 for globex: {queued} queued (while_executing takes nothing at send())")
-        wait_for(lambda: running["acme"] == 3 and running["globex"] == 1 and len(rescheduled_copies) == 2)
-        print(f"{running['acme']} calls for acme run at once, and {running['globex']} for globex beside them")
-        print(f"{len(rescheduled_copies)} calls for acme met the full lock: rescheduled to try again in 300 ms")
+        print(
+            f"send 5 calls for acme and 1 for globex: {queued} queued (while_executing takes nothing at send())"
+        )
+        wait_for(
+            lambda: (
+                running["acme"] == 3
+                and running["globex"] == 1
+                and len(rescheduled_copies) == 2
+            )
+        )
+        print(
+            f"{running['acme']} calls for acme run at once, and {running['globex']} for globex beside them"
+        )
+        print(
+            f"{len(rescheduled_copies)} calls for acme met the full lock: rescheduled to try again in 300 ms"
+        )
         may_finish.set()
         broker.join(call_partner_api.queue_name, timeout=10_000)
         worker.join()

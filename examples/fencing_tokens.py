@@ -28,7 +28,9 @@ dramatiq.set_broker(broker)
 
 # The resource the lock protects keeps the highest token it accepted next to the data.
 db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-db.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance TEXT, fence INTEGER NOT NULL DEFAULT 0)")
+db.execute(
+    "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance TEXT, fence INTEGER NOT NULL DEFAULT 0)"
+)
 db.execute("INSERT INTO accounts (id, balance) VALUES (42, '0.00')")
 db_mutex = threading.Lock()
 
@@ -44,15 +46,21 @@ def save_balance(account_id, balance, token):
             (balance, token, account_id, token),
         )
     if cursor.rowcount == 0:
-        raise StaleLock(f"account {account_id}: token {token} is older than the last write")
+        raise StaleLock(
+            f"account {account_id}: token {token} is older than the last write"
+        )
 
 
-story = threading.Lock()  # one line at a time, each send's line before its message's lines
+story = (
+    threading.Lock()
+)  # one line at a time, each send's line before its message's lines
 names = {}  # message_id -> A, B
 tokens = {}  # name -> the token its run lock got
 started = {"A": threading.Event(), "B": threading.Event()}
 done = {"A": threading.Event(), "B": threading.Event()}
-bank_answers = {"A": threading.Event()}  # A's bank call hangs until the story lets it answer
+bank_answers = {
+    "A": threading.Event()
+}  # A's bank call hangs until the story lets it answer
 
 
 def fetch_balance_from_bank(name):
@@ -69,7 +77,10 @@ def sync_account_balance(account_id):
     with story:
         name = names[lock.message_id]
         tokens[name] = lock.token
-        print(f"  {name} takes the run lock of account {account_id} and calls the bank", flush=True)
+        print(
+            f"  {name} takes the run lock of account {account_id} and calls the bank",
+            flush=True,
+        )
     started[name].set()
     balance = fetch_balance_from_bank(name)
     try:
@@ -78,7 +89,10 @@ def sync_account_balance(account_id):
             print(f"  {name} saves balance {balance}", flush=True)
     except StaleLock:
         with story:
-            print(f"  {name}'s write of {balance} is refused: StaleLock, a newer holder wrote since", flush=True)
+            print(
+                f"  {name}'s write of {balance} is refused: StaleLock, a newer holder wrote since",
+                flush=True,
+            )
         raise
     finally:
         done[name].set()
@@ -98,9 +112,13 @@ def main():
         send("A")
         started["A"].wait(10)
         locks = Locks.from_middleware(unique)
-        while any(locks.list(actor="sync_account_balance")):  # until A's run lock has lapsed
+        while any(
+            locks.list(actor="sync_account_balance")
+        ):  # until A's run lock has lapsed
             time.sleep(0.02)
-        print(f"  A's run lock lapses: lock_ttl ({LOCK_TTL} ms) ran out while A waits for the bank")
+        print(
+            f"  A's run lock lapses: lock_ttl ({LOCK_TTL} ms) ran out while A waits for the bank"
+        )
         send("B")
         done["B"].wait(10)
         bank_answers["A"].set()  # A's answer arrives at last
@@ -110,9 +128,14 @@ def main():
         worker.stop()
         broker.close()
         delete_keys(PREFIX)
-    balance, fence = db.execute("SELECT balance, fence FROM accounts WHERE id = 42").fetchone()
+    balance, fence = db.execute(
+        "SELECT balance, fence FROM accounts WHERE id = 42"
+    ).fetchone()
     writer = next(name for name, token in tokens.items() if token == fence)
-    print(f"Tokens: A's is {'lower' if tokens['A'] < tokens['B'] else 'NOT lower'} than B's.", end=" ")
+    print(
+        f"Tokens: A's is {'lower' if tokens['A'] < tokens['B'] else 'NOT lower'} than B's.",
+        end=" ",
+    )
     print(f"Account 42 keeps balance {balance}, written by {writer}.")
 
 

@@ -52,7 +52,9 @@ def crunch(account_id, seconds):
     # How many copies run now, counted apart from the lock.
     record.rpush(f"{PREFIX}:runs", record.incr(f"{PREFIX}:running"))
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:  # CPU-bound: the gevent hub of this process waits meanwhile
+    while (
+        time.monotonic() < deadline
+    ):  # CPU-bound: the gevent hub of this process waits meanwhile
         pass
     record.decr(f"{PREFIX}:running")
 
@@ -79,7 +81,9 @@ def wait_for(condition, timeout=30):
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise TimeoutError("the dramatiq-gevent workers did not do their part in time")
+            raise TimeoutError(
+                "the dramatiq-gevent workers did not do their part in time"
+            )
         time.sleep(0.05)
 
 
@@ -91,7 +95,9 @@ def main():
         wait_for(lambda: sum(worker.alive for worker in locks.workers()[1]) == 2)
         print("Two dramatiq-gevent worker processes are up, one greenlet each.")
         crunch.send("acct-1", busy)
-        print(f"crunch('acct-1') computes for {busy} s, three times its lease_period of {LEASE_PERIOD} ms.")
+        print(
+            f"crunch('acct-1') computes for {busy} s, three times its lease_period of {LEASE_PERIOD} ms."
+        )
         wait_for(lambda: record.llen(f"{PREFIX}:runs") == 1)
         started = time.monotonic()
         # Each one after an unrenewed lease would have lapsed, and long enough before the run ends
@@ -105,7 +111,9 @@ def main():
         runs = [int(n) for n in record.lrange(f"{PREFIX}:runs", 0, -1)]
         print(f"crunch('acct-1') ran {len(runs)} time(s), at most {max(runs)} at once.")
     finally:
-        os.killpg(workers.pid, signal.SIGTERM)  # a warm shutdown: the workers leave the registry
+        os.killpg(
+            workers.pid, signal.SIGTERM
+        )  # a warm shutdown: the workers leave the registry
         workers.wait(30)
         broker.close()
         delete_keys(PREFIX)

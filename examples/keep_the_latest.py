@@ -19,7 +19,10 @@ from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
 PREFIX = "example-latest"
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
-broker.add_middleware(UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
+broker.add_middleware(
+    UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock"),
+    before=TimeLimit,
+)
 dramatiq.set_broker(broker)
 
 story = threading.Lock()  # one line at a time
@@ -41,7 +44,10 @@ LAST = 51
 )
 def push_profile(profile_id, version):
     with story:
-        print(f"  pushing version {version} of profile {profile_id} to the CRM", flush=True)
+        print(
+            f"  pushing version {version} of profile {profile_id} to the CRM",
+            flush=True,
+        )
         pushes.append(version)
         running.append(version)
         most_at_once[0] = max(most_at_once[0], len(running))
@@ -67,8 +73,14 @@ def main():
             names[message.message_id] = f"edit {version}"
             outcome = enqueue_outcome(message)
             if version in (2, 3, LAST):
-                replaced = f", took the place of {names[outcome.replaced]}" if outcome.replaced else ""
-                print(f"edit {version} of profile 7: {outcome.status}, position {outcome.position}{replaced}")
+                replaced = (
+                    f", took the place of {names[outcome.replaced]}"
+                    if outcome.replaced
+                    else ""
+                )
+                print(
+                    f"edit {version} of profile 7: {outcome.status}, position {outcome.position}{replaced}"
+                )
             elif version == 4:
                 print("  ...")
         with story:
@@ -82,7 +94,9 @@ def main():
         broker.close()
         delete_keys(PREFIX)
     versions = ", ".join(map(str, pushes))
-    print(f"{LAST} edits, {len(pushes)} pushes (versions {versions}), at most {most_at_once[0]} at a time.")
+    print(
+        f"{LAST} edits, {len(pushes)} pushes (versions {versions}), at most {most_at_once[0]} at a time."
+    )
 
 
 if __name__ == "__main__":

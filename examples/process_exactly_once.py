@@ -18,15 +18,22 @@ from dramatiq_unique import RedisBackend, UniqueJobs, current_lock, enqueue_outc
 PREFIX = "example-once"
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
-broker.add_middleware(UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
+broker.add_middleware(
+    UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock"),
+    before=TimeLimit,
+)
 dramatiq.set_broker(broker)
 
 settled = {}  # event_id -> payload: stands for your payments table
 tokens = {}  # message_id -> the fencing token its send() got
 names = {}  # message_id -> "delivery 1", ...
-story = threading.Lock()  # one line at a time, each send's line before its message's lines
+story = (
+    threading.Lock()
+)  # one line at a time, each send's line before its message's lines
 running = threading.Event()
-may_finish = threading.Event()  # holds the first settlement until the provider has delivered again
+may_finish = (
+    threading.Event()
+)  # holds the first settlement until the provider has delivered again
 
 
 # Only the event id decides uniqueness: the payload may differ between deliveries.
@@ -38,11 +45,19 @@ may_finish = threading.Event()  # holds the first settlement until the provider 
 def settle_payment(event_id, payload):
     lock = current_lock()
     with story:
-        if event_id in settled:  # idempotent: a later delivery of a settled event changes nothing
-            print(f"  {event_id} (delivery {payload['delivery']}) is settled already: nothing to do", flush=True)
+        if (
+            event_id in settled
+        ):  # idempotent: a later delivery of a settled event changes nothing
+            print(
+                f"  {event_id} (delivery {payload['delivery']}) is settled already: nothing to do",
+                flush=True,
+            )
             return
         same = "the same" if lock.token == tokens[lock.message_id] else "ANOTHER"
-        print(f"  settling {event_id} (delivery {payload['delivery']}), holding {same} lock token", flush=True)
+        print(
+            f"  settling {event_id} (delivery {payload['delivery']}), holding {same} lock token",
+            flush=True,
+        )
     running.set()
     may_finish.wait(10)  # stands for the call to the payment provider
     settled[event_id] = payload
@@ -50,14 +65,21 @@ def settle_payment(event_id, payload):
 
 def deliver(event_id, delivery):
     with story:
-        message = settle_payment.send(event_id, {"amount": "120.00", "delivery": delivery})
+        message = settle_payment.send(
+            event_id, {"amount": "120.00", "delivery": delivery}
+        )
         outcome = enqueue_outcome(message)
         names[message.message_id] = f"delivery {delivery}"
         if outcome.enqueued:
             tokens[message.message_id] = outcome.token
-            print(f"webhook {event_id}, delivery {delivery}: enqueued, lock token {outcome.token}", flush=True)
+            print(
+                f"webhook {event_id}, delivery {delivery}: enqueued, lock token {outcome.token}",
+                flush=True,
+            )
         else:  # not enqueued; send() returned normally
-            print(f"webhook {event_id}, delivery {delivery}: {outcome.status},", end=" ")
+            print(
+                f"webhook {event_id}, delivery {delivery}: {outcome.status},", end=" "
+            )
             print(f"the lock is held by {names[outcome.holder]}", flush=True)
     return message
 
@@ -86,7 +108,13 @@ def main():
         worker.stop()
         broker.close()
         delete_keys(PREFIX)
-    print("Settled:", ", ".join(f"{event_id} (delivery {p['delivery']})" for event_id, p in sorted(settled.items())))
+    print(
+        "Settled:",
+        ", ".join(
+            f"{event_id} (delivery {p['delivery']})"
+            for event_id, p in sorted(settled.items())
+        ),
+    )
 
 
 if __name__ == "__main__":

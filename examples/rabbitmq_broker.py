@@ -29,7 +29,9 @@ QUEUE = f"{PREFIX}.reports"
 #: broker): it is asked about an older one here, as it would be in production.
 REAPER_MIN_AGE = 10.5
 
-broker = RabbitmqBroker(url=os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"))
+broker = RabbitmqBroker(
+    url=os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+)
 # RabbitMQ has no Redis to lend: the locks go to a Redis named here (or by DRAMATIQ_UNIQUE_URL).
 unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock")
 broker.add_middleware(unique, before=TimeLimit)
@@ -46,10 +48,30 @@ def build_report(day):
 def dramatiq_unique(*arguments, tail=None):
     """The ``dramatiq-unique`` command, with this module as the application; its last ``tail`` lines."""
     env = {**os.environ, "REDIS_URL": redis_url()}
-    command = [sys.executable, "-m", "dramatiq_unique", "--app", "rabbitmq_broker", *arguments]
-    shown = " ".join(f"'{argument}'" if argument.startswith("[") else argument for argument in arguments)
-    print(f"$ dramatiq-unique --app rabbitmq_broker {shown}" + (f" | tail -n {tail}" if tail else ""))
-    done = subprocess.run(command, cwd=Path(__file__).parent, env=env, capture_output=True, text=True, check=True)
+    command = [
+        sys.executable,
+        "-m",
+        "dramatiq_unique",
+        "--app",
+        "rabbitmq_broker",
+        *arguments,
+    ]
+    shown = " ".join(
+        f"'{argument}'" if argument.startswith("[") else argument
+        for argument in arguments
+    )
+    print(
+        f"$ dramatiq-unique --app rabbitmq_broker {shown}"
+        + (f" | tail -n {tail}" if tail else "")
+    )
+    done = subprocess.run(
+        command,
+        cwd=Path(__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     print("\n".join(done.stdout.splitlines()[-tail if tail else 0 :]))
 
 
@@ -60,12 +82,16 @@ def main():
         print(f"build_report.send('2024-01-01'): {enqueue_outcome(lost).status}")
         broker.flush(QUEUE)  # the message is lost: a purged queue, a deleted queue...
         again = enqueue_outcome(build_report.send("2024-01-01"))
-        print(f"sent again after its queue was purged: {again.status}, held by it: {again.holder == lost.message_id}")
+        print(
+            f"sent again after its queue was purged: {again.status}, held by it: {again.holder == lost.message_id}"
+        )
         time.sleep(max(0.0, sent_at + REAPER_MIN_AGE - time.monotonic()))
         # In production the workers send the reaper actor every reaper_interval; here it runs once, by hand.
         # The queue and its delay queue have no message waiting, and no worker holds the message: it is gone.
         dramatiq_unique("reap")
-        print(f"after the reaper, sent again: {enqueue_outcome(build_report.send('2024-01-01')).status}")
+        print(
+            f"after the reaper, sent again: {enqueue_outcome(build_report.send('2024-01-01')).status}"
+        )
         worker = Worker(broker, worker_threads=1, worker_timeout=100)
         worker.start()
         try:
@@ -73,7 +99,9 @@ def main():
             worker.join()
         finally:
             worker.stop()
-        print(f"built: {', '.join(built)}; locks left: {len(list(Locks.from_middleware(unique).list()))}")
+        print(
+            f"built: {', '.join(built)}; locks left: {len(list(Locks.from_middleware(unique).list()))}"
+        )
     finally:
         for name in (QUEUE, dq_name(QUEUE), xq_name(QUEUE)):
             broker.channel.queue_delete(name)

@@ -25,11 +25,16 @@ INTERVAL = 1  # seconds; 600 for every 10 minutes
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
 # reaper_interval=None: the workers do not send the reaper themselves, the scheduler does.
 unique = UniqueJobs(
-    backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock", reaper=True, reaper_interval=None
+    backend=RedisBackend(url=redis_url()),
+    lock_prefix=f"{PREFIX}:lock",
+    reaper=True,
+    reaper_interval=None,
 )
 broker.add_middleware(unique, before=TimeLimit)
 # Only so that this example can print the reaper's reports: it returns them where results are kept.
-broker.add_middleware(Results(backend=ResultsBackend(url=redis_url(), namespace=f"{PREFIX}:results")))
+broker.add_middleware(
+    Results(backend=ResultsBackend(url=redis_url(), namespace=f"{PREFIX}:results"))
+)
 dramatiq.set_broker(broker)
 # The scheduler's process runs no worker, so it declares the reaper actor itself.
 reaper = unique.declare_reaper(broker)
@@ -51,8 +56,12 @@ def send_reaper():
 
 
 def main():
-    queued = settle_payment.send("evt_123")  # stays queued: this worker only runs the reaper's queue
-    worker = Worker(broker, worker_threads=1, worker_timeout=100, queues={reaper.queue_name})
+    queued = settle_payment.send(
+        "evt_123"
+    )  # stays queued: this worker only runs the reaper's queue
+    worker = Worker(
+        broker, worker_threads=1, worker_timeout=100, queues={reaper.queue_name}
+    )
     worker.start()
     scheduler = BackgroundScheduler()
     scheduler.add_job(send_reaper, "interval", seconds=INTERVAL, max_instances=1)
@@ -69,7 +78,9 @@ def main():
             )
         again = enqueue_outcome(settle_payment.send("evt_123"))
         held = again.holder == queued.message_id
-        print(f"settle_payment.send('evt_123') again: {again.status}, held by the queued message: {held}")
+        print(
+            f"settle_payment.send('evt_123') again: {again.status}, held by the queued message: {held}"
+        )
     finally:
         worker.stop()
         broker.close()

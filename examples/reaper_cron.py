@@ -42,20 +42,33 @@ def reap():
     """What cron runs; REDIS_URL tells the command's import of this module where Redis is."""
     env = {**os.environ, "REDIS_URL": redis_url()}
     command = [sys.executable, "-m", "dramatiq_unique", "--app", "reaper_cron", "reap"]
-    return subprocess.run(command, cwd=Path(__file__).parent, env=env, capture_output=True, text=True, check=True)
+    return subprocess.run(
+        command,
+        cwd=Path(__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
 
 
 def main():
     try:
         lost = build_report.send("2024-01-01")
         print(f"build_report.send('2024-01-01'): {enqueue_outcome(lost).status}")
-        broker.flush("reports")  # the message is lost: a purged queue, a deleted Redis key...
+        broker.flush(
+            "reports"
+        )  # the message is lost: a purged queue, a deleted Redis key...
         again = enqueue_outcome(build_report.send("2024-01-01"))
-        print(f"sent again after its message was lost: {again.status}, held by it: {again.holder == lost.message_id}")
+        print(
+            f"sent again after its message was lost: {again.status}, held by it: {again.holder == lost.message_id}"
+        )
         time.sleep(REAPER_MIN_AGE)
         print("$ dramatiq-unique --app reaper_cron reap")
         print(reap().stdout, end="")
-        print(f"sent again after the reaper ran: {enqueue_outcome(build_report.send('2024-01-01')).status}")
+        print(
+            f"sent again after the reaper ran: {enqueue_outcome(build_report.send('2024-01-01')).status}"
+        )
     finally:
         unique.activity.close()  # this process's lock activity counts, written now rather than at exit
         broker.close()

@@ -41,13 +41,19 @@ def main():
     worker = Worker(broker, worker_threads=1, worker_timeout=100)
     worker.start()
     try:
-        periodic = [actor for actor in broker.actors.values() if "periodic" in actor.options]
+        periodic = [
+            actor for actor in broker.actors.values() if "periodic" in actor.options
+        ]
         for actor in periodic:
-            print(f"periodiq schedules {actor.actor_name} at {actor.options['periodic']}")
+            print(
+                f"periodiq schedules {actor.actor_name} at {actor.options['periodic']}"
+            )
         after = pendulum.datetime(2026, 1, 1, 12, 3)
         times = [reaper.options["periodic"].next_valid_date(after)]
         times.append(reaper.options["periodic"].next_valid_date(times[-1]))
-        print(f"after 12:03 it sends it at {times[0]:%H:%M} and {times[1]:%H:%M}; here it sends it now:")
+        print(
+            f"after 12:03 it sends it at {times[0]:%H:%M} and {times[1]:%H:%M}; here it sends it now:"
+        )
         Scheduler(actors=periodic).send_actors(periodic, now=pendulum.now())
         broker.join(reaper.queue_name, timeout=10_000)
         worker.join()

@@ -22,14 +22,19 @@ unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX
 broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
-story = threading.Lock()  # one line at a time, each send's line before its message's lines
+story = (
+    threading.Lock()
+)  # one line at a time, each send's line before its message's lines
 names = {}  # message_id -> A, B, C: short names for the story
 syncs = []  # (account_id, name) of every sync that ran
 running = []  # the accounts syncing now
 most_at_once = {42: 0, 43: 0}
 beside_42 = []  # the syncs of account 43 that started while one of 42 ran
 started = threading.Semaphore(0)
-may_finish = {42: threading.Event(), 43: threading.Event()}  # holds the syncs until the story moved on
+may_finish = {
+    42: threading.Event(),
+    43: threading.Event(),
+}  # holds the syncs until the story moved on
 
 
 @dramatiq.actor(lock="while_executing", on_conflict="reschedule", reschedule_delay=300)
@@ -41,7 +46,9 @@ def sync_account_balance(account_id):
         if account_id == 43 and 42 in running:
             beside_42.append(name)
         running.append(account_id)
-        most_at_once[account_id] = max(most_at_once[account_id], running.count(account_id))
+        most_at_once[account_id] = max(
+            most_at_once[account_id], running.count(account_id)
+        )
     started.release()
     may_finish[account_id].wait(10)  # stands for the call to the bank's API
     with story:
@@ -50,7 +57,10 @@ def sync_account_balance(account_id):
 
 def rescheduled(event):
     with story:
-        print(f"  {names[event.message_id]} met the run lock of {names[event.holders[0]]}:", end=" ")
+        print(
+            f"  {names[event.message_id]} met the run lock of {names[event.holders[0]]}:",
+            end=" ",
+        )
         print(f"rescheduled to try again in {event.delay} ms", flush=True)
     started.release()
 
@@ -87,9 +97,15 @@ def main():
         delete_keys(PREFIX)
     for account in (42, 43):
         ran = [name for synced, name in syncs if synced == account]
-        syncs_ran = f"{len(ran)} sync{'s' if len(ran) > 1 else ''} ({' then '.join(ran)})"
-        print(f"Account {account}: {syncs_ran}, at most {most_at_once[account]} at a time.")
-    print(f"Syncs of account 43 that ran beside one of 42: {', '.join(beside_42) or 'none'}.")
+        syncs_ran = (
+            f"{len(ran)} sync{'s' if len(ran) > 1 else ''} ({' then '.join(ran)})"
+        )
+        print(
+            f"Account {account}: {syncs_ran}, at most {most_at_once[account]} at a time."
+        )
+    print(
+        f"Syncs of account 43 that ran beside one of 42: {', '.join(beside_42) or 'none'}."
+    )
 
 
 if __name__ == "__main__":

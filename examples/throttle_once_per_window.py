@@ -21,10 +21,15 @@ PREFIX = "example-throttle"
 WINDOW = 1000  # ms; 24 * 60 * 60 * 1000 for once a day
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
-broker.add_middleware(UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
+broker.add_middleware(
+    UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock"),
+    before=TimeLimit,
+)
 dramatiq.set_broker(broker)
 
-story = threading.Lock()  # one line at a time, each send's line before its message's lines
+story = (
+    threading.Lock()
+)  # one line at a time, each send's line before its message's lines
 names = {}  # message_id -> A, B, C...: short names for the story
 
 
@@ -39,8 +44,13 @@ def trigger(name, user_id):
         message = send_daily_digest.send(user_id)
         names[message.message_id] = name
         outcome = enqueue_outcome(message)
-        held_by = "" if outcome.enqueued else f", the lock is held by {names[outcome.holder]}"
-        print(f"send_daily_digest.send({user_id}) -> {name}: {outcome.status}{held_by}", flush=True)
+        held_by = (
+            "" if outcome.enqueued else f", the lock is held by {names[outcome.holder]}"
+        )
+        print(
+            f"send_daily_digest.send({user_id}) -> {name}: {outcome.status}{held_by}",
+            flush=True,
+        )
 
 
 def wait_until_sent(worker):

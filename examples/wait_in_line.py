@@ -65,17 +65,25 @@ def main():
             all_posted.acquire(timeout=10)
         broker.join(post_to_ledger.queue_name, timeout=10_000)
         worker.join()
-        dead = broker.client.hvals(f"{broker.namespace}:{post_to_ledger.queue_name}.XQ.msgs")
+        dead = broker.client.hvals(
+            f"{broker.namespace}:{post_to_ledger.queue_name}.XQ.msgs"
+        )
         dead_letters = [dramatiq.Message.decode(payload).args[1] for payload in dead]
     finally:
         worker.stop()
         broker.close()
         delete_keys(PREFIX)
     order = " ".join(posting for posting, _, _ in runs)
-    gaps = [later[1] - earlier[2] for earlier, later in zip(runs, runs[1:], strict=False)]
-    print(f"Account 42: {len(runs)} postings ({order}), at most {most_at_once[0]} at a time.")
+    gaps = [
+        later[1] - earlier[2] for earlier, later in zip(runs, runs[1:], strict=False)
+    ]
+    print(
+        f"Account 42: {len(runs)} postings ({order}), at most {most_at_once[0]} at a time."
+    )
     print(f"In the dead-letter queue: {', '.join(dead_letters) or 'nothing'}.")
-    print(f"From the end of one posting to the start of the next: {max(gaps) * 1000:.0f} ms at most.")
+    print(
+        f"From the end of one posting to the start of the next: {max(gaps) * 1000:.0f} ms at most."
+    )
 
 
 if __name__ == "__main__":
