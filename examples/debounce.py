@@ -3,7 +3,8 @@ newest version, after the edits have stopped for a moment.
 
     python examples/debounce.py   # set REDIS_URL to use your own server
 
-It touches only keys under ``example-debounce:`` and deletes them at the end.
+It touches only keys under ``example-debounce:`` and deletes them at the end. The lines
+between ``# [docs: ...]`` and ``# [docs: end]`` are the ones its page shows.
 """
 
 import threading
@@ -22,19 +23,14 @@ PREFIX = "example-debounce"
 QUIET_PERIOD = 500  # ms without a new edit before the push runs
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
-broker.add_middleware(
-    UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock"),
-    before=TimeLimit,
-)
+unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock")
+broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
-story = threading.Lock()  # one line at a time
-names = {}  # message_id -> "edit 1", ...
-pushes = []  # (profile_id, version, when) of every push that ran
 
-
-# Locked on the profile alone: a newer edit takes the place of the waiting, older one, and waits
-# a quiet period of its own.
+# [docs: actor]
+# Locked on the profile alone: a newer edit takes the place of the waiting, older one,
+# and waits a quiet period of its own.
 @dramatiq.actor(
     lock="until_executed",
     on_conflict={"client": "replace"},
@@ -42,6 +38,18 @@ pushes = []  # (profile_id, version, when) of every push that ran
     debounce=QUIET_PERIOD,
 )
 def push_profile(profile_id, version):
+    push_to_the_crm(profile_id, version)
+
+
+# [docs: end]
+
+# What follows only tells the story, the same way on every run.
+story = threading.Lock()  # one line at a time
+names = {}  # message_id -> "edit 1", ...
+pushes = []  # (profile_id, version, when) of every push that ran
+
+
+def push_to_the_crm(profile_id, version):
     with story:
         print(
             f"  pushing version {version} of profile {profile_id} to the CRM",
@@ -56,11 +64,12 @@ def edit(profile_id, version):
         message = push_profile.send(profile_id, version)
         names[message.message_id] = f"edit {version}"
         outcome = enqueue_outcome(message)
-        replaced = (
-            f", took the place of {names[outcome.replaced]}" if outcome.replaced else ""
-        )
+        replaced = ""
+        if outcome.replaced:
+            replaced = f", took the place of {names[outcome.replaced]}"
+        waits = f"waits {QUIET_PERIOD} ms"
         print(
-            f"edit {version} of profile 7: {outcome.status}, waits {QUIET_PERIOD} ms{replaced}",
+            f"edit {version} of profile 7: {outcome.status}, {waits}{replaced}",
             flush=True,
         )
     return sent_at
