@@ -1,10 +1,11 @@
-"""Testing your actors with StubBackend: unit tests of locked actors with no Redis at all.
+"""Testing your actors with StubBackend: unit tests of locked actors with no Redis.
 
-    python examples/testing_with_stub_backend.py          # runs the tests below with pytest
+    python examples/testing_with_stub_backend.py   # runs the tests below with pytest
     python -m pytest examples/testing_with_stub_backend.py
 
 In your project the broker setup lives in its own module and the tests in tests/; see
-docs/testing.md. Here they share one file so that it runs on its own.
+docs/testing.md. Here they share one file so that it runs on its own. The lines between
+``# [docs: ...]`` and ``# [docs: end]`` are the ones the page shows.
 """
 
 import sys
@@ -53,9 +54,10 @@ def sync_account_balance(account_id):
     sync_may_finish.wait(5)
 
 
-# The fixtures ------------------------------------------------------------------------------
+# The fixtures -------------------------------------------------------------------------
 
 
+# [docs: fixtures]
 @pytest.fixture(autouse=True)
 def clean():
     broker.flush_all()  # empty the queues
@@ -83,15 +85,18 @@ def start_worker():
 
 
 def run_until_done(worker, actor):
-    broker.join(
-        actor.queue_name
-    )  # every message processed, delayed ones (retries) included
+    # Every message processed, delayed ones (retries) included,
+    broker.join(actor.queue_name)
     worker.join()  # and the worker idle: the locks have been released too
 
 
-# The tests ---------------------------------------------------------------------------------
+# [docs: end]
 
 
+# The tests ----------------------------------------------------------------------------
+
+
+# [docs: tests]
 def test_a_second_delivery_is_not_enqueued():
     first = settle_payment.send("evt_123", {"delivery": 1})
     second = settle_payment.send("evt_123", {"delivery": 2})
@@ -105,9 +110,8 @@ def test_a_second_delivery_is_not_enqueued():
 def test_the_event_is_settled_once_then_the_lock_lifts(start_worker):
     settle_payment.send("evt_123")
     settle_payment.send("evt_123")
-    worker = (
-        start_worker()
-    )  # after the sends: else the first might be done before the second
+    # After the sends: else the first might be done before the second is sent.
+    worker = start_worker()
     run_until_done(worker, settle_payment)
 
     assert settled == ["evt_123"]
@@ -134,18 +138,16 @@ def test_a_copy_that_starts_while_another_runs_is_dropped(start_worker):
         worker = start_worker()
         first = sync_account_balance.send(42)
         assert sync_started.wait(5)  # the first copy runs and holds the run lock
-        second = sync_account_balance.send(
-            42
-        )  # queued: while_executing takes nothing at send()
+        # Queued: while_executing takes nothing at send().
+        second = sync_account_balance.send(42)
         wait_for(lambda: conflicts)
         sync_may_finish.set()
         run_until_done(worker, sync_account_balance)
     finally:
         unique.unsubscribe("conflict", conflicts.append)
 
-    assert [(event.message_id, event.side, event.holders) for event in conflicts] == [
-        (second.message_id, "server", (first.message_id,))
-    ]
+    seen = [(event.message_id, event.side, event.holders) for event in conflicts]
+    assert seen == [(second.message_id, "server", (first.message_id,))]
     assert syncs == [first.message_id]
 
 
@@ -154,6 +156,9 @@ def wait_for(condition, timeout=5.0):
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+# [docs: end]
 
 
 if __name__ == "__main__":
