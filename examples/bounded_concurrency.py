@@ -2,8 +2,7 @@
 
     python examples/bounded_concurrency.py   # set REDIS_URL to use your own server
 
-It touches only keys under ``example-bounded:`` and deletes them at the end. The lines
-between ``# [docs: ...]`` and ``# [docs: end]`` are the ones its page shows.
+It touches only keys under ``example-bounded:`` and deletes them at the end.
 """
 
 import threading
@@ -25,7 +24,6 @@ broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
 
-# [docs: actor]
 # The partner allows three concurrent requests per client. The partner is the lock
 # argument: the request id only names the request.
 @dramatiq.actor(
@@ -38,8 +36,6 @@ dramatiq.set_broker(broker)
 def call_partner_api(partner, request_id):
     send_the_request(partner, request_id)
 
-
-# [docs: end]
 
 # What follows only tells the story, the same way on every run.
 mutex = threading.Lock()

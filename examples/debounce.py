@@ -3,8 +3,7 @@ newest version, after the edits have stopped for a moment.
 
     python examples/debounce.py   # set REDIS_URL to use your own server
 
-It touches only keys under ``example-debounce:`` and deletes them at the end. The lines
-between ``# [docs: ...]`` and ``# [docs: end]`` are the ones its page shows.
+It touches only keys under ``example-debounce:`` and deletes them at the end.
 """
 
 import threading
@@ -28,7 +27,6 @@ broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
 
-# [docs: actor]
 # Locked on the profile alone: a newer edit takes the place of the waiting, older one,
 # and waits a quiet period of its own.
 @dramatiq.actor(
@@ -40,8 +38,6 @@ dramatiq.set_broker(broker)
 def push_profile(profile_id, version):
     push_to_the_crm(profile_id, version)
 
-
-# [docs: end]
 
 # What follows only tells the story, the same way on every run.
 story = threading.Lock()  # one line at a time

@@ -3,8 +3,7 @@ two running.
 
     python examples/enqueue_once_run_serialized.py   # REDIS_URL: your own server
 
-It touches only keys under ``example-enqueue-once:`` and deletes them at the end. The
-lines between ``# [docs: ...]`` and ``# [docs: end]`` are the ones its page shows.
+It touches only keys under ``example-enqueue-once:`` and deletes them at the end.
 """
 
 import threading
@@ -25,7 +24,6 @@ broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
 
-# [docs: actor]
 # Drop a duplicate at send(): one queued copy is enough. Reschedule one that reaches a
 # worker while another copy runs: it was sent after that copy started, so it has work
 # to do.
@@ -37,8 +35,6 @@ dramatiq.set_broker(broker)
 def rebuild_report(customer_id):
     build_the_report(customer_id)
 
-
-# [docs: end]
 
 # What follows only tells the story, the same way on every run.
 story = threading.Lock()  # one line at a time, each send's line before its message's

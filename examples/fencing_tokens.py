@@ -3,8 +3,7 @@ bank cannot overwrite the balance that a newer sync saved meanwhile.
 
     python examples/fencing_tokens.py   # set REDIS_URL to use your own server
 
-It touches only keys under ``example-fencing:`` and deletes them at the end. The lines
-between ``# [docs: ...]`` and ``# [docs: end]`` are the ones its page shows.
+It touches only keys under ``example-fencing:`` and deletes them at the end.
 """
 
 import contextlib
@@ -38,7 +37,6 @@ db.execute("INSERT INTO accounts (id, balance) VALUES (42, '0.00')")
 db_mutex = threading.Lock()
 
 
-# [docs: actor]
 class StaleLock(Exception):
     """A newer holder of the lock has written since this one took it."""
 
@@ -61,8 +59,6 @@ def sync_account_balance(account_id):
     with telling_the_story(balance):
         save_balance(account_id, balance, token)
 
-
-# [docs: end]
 
 # What follows only tells the story, the same way on every run.
 story = threading.Lock()  # one line at a time, each send's line before its message's

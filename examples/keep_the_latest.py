@@ -3,8 +3,7 @@ more push, with the last version.
 
     python examples/keep_the_latest.py   # set REDIS_URL to use your own server
 
-It touches only keys under ``example-latest:`` and deletes them at the end. The lines
-between ``# [docs: ...]`` and ``# [docs: end]`` are the ones its page shows.
+It touches only keys under ``example-latest:`` and deletes them at the end.
 """
 
 import threading
@@ -25,7 +24,6 @@ broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
 
-# [docs: actor]
 # Locked on the profile alone: while one push holds the lock, the newest edit waits as
 # its one successor.
 @dramatiq.actor(
@@ -36,8 +34,6 @@ dramatiq.set_broker(broker)
 def push_profile(profile_id, version):
     push_to_the_crm(profile_id, version)
 
-
-# [docs: end]
 
 # What follows only tells the story, the same way on every run.
 story = threading.Lock()  # one line at a time

@@ -4,7 +4,7 @@ delivers it.
     python examples/process_exactly_once.py   # set REDIS_URL to use your own server
 
 It touches only keys under ``example-once:`` and deletes them at the end. The lines
-between ``# [docs: ...]`` and ``# [docs: end]`` are the ones its page shows.
+between ``# [docs: send]`` and ``# [docs: end]`` are shown on its page too.
 """
 
 import threading
@@ -27,7 +27,6 @@ dramatiq.set_broker(broker)
 settled = {}  # event_id -> payload: stands for your payments table
 
 
-# [docs: actor]
 @dramatiq.actor(
     queue_name="payments",
     lock="until_executed",
@@ -42,8 +41,6 @@ def settle_payment(event_id, payload):
     call_the_payment_provider(event_id, payload)
     settled[event_id] = payload
 
-
-# [docs: end]
 
 # What follows only tells the story, the same way on every run.
 tokens = {}  # message_id -> the fencing token its send() got

@@ -3,8 +3,7 @@ parallel.
 
     python examples/serialize_per_resource.py   # set REDIS_URL to use your own server
 
-It touches only keys under ``example-serialize:`` and deletes them at the end. The lines
-between ``# [docs: ...]`` and ``# [docs: end]`` are the ones its page shows.
+It touches only keys under ``example-serialize:`` and deletes them at the end.
 """
 
 import threading
@@ -25,7 +24,6 @@ broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
 
-# [docs: actor]
 @dramatiq.actor(
     lock="while_executing",
     on_conflict="reschedule",
@@ -34,8 +32,6 @@ dramatiq.set_broker(broker)
 def sync_account_balance(account_id):
     call_the_bank(account_id)
 
-
-# [docs: end]
 
 # What follows only tells the story, the same way on every run.
 story = threading.Lock()  # one line at a time, each send's line before its message's

@@ -4,8 +4,7 @@
     python -m pytest examples/testing_with_stub_backend.py
 
 In your project the broker setup lives in its own module and the tests in tests/; see
-docs/testing.md. Here they share one file so that it runs on its own. The lines between
-``# [docs: ...]`` and ``# [docs: end]`` are the ones the page shows.
+docs/testing.md. Here they share one file so that it runs on its own.
 """
 
 import sys
@@ -57,7 +56,6 @@ def sync_account_balance(account_id):
 # The fixtures -------------------------------------------------------------------------
 
 
-# [docs: fixtures]
 @pytest.fixture(autouse=True)
 def clean():
     broker.flush_all()  # empty the queues
@@ -90,13 +88,9 @@ def run_until_done(worker, actor):
     worker.join()  # and the worker idle: the locks have been released too
 
 
-# [docs: end]
-
-
 # The tests ----------------------------------------------------------------------------
 
 
-# [docs: tests]
 def test_a_second_delivery_is_not_enqueued():
     first = settle_payment.send("evt_123", {"delivery": 1})
     second = settle_payment.send("evt_123", {"delivery": 2})
@@ -156,9 +150,6 @@ def wait_for(condition, timeout=5.0):
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
-
-
-# [docs: end]
 
 
 if __name__ == "__main__":

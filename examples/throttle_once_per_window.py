@@ -3,8 +3,7 @@ often it is triggered. The window is one day in real life, one second here.
 
     python examples/throttle_once_per_window.py   # set REDIS_URL to use your own server
 
-It touches only keys under ``example-throttle:`` and deletes them at the end. The lines
-between ``# [docs: ...]`` and ``# [docs: end]`` are the ones its page shows.
+It touches only keys under ``example-throttle:`` and deletes them at the end.
 """
 
 import threading
@@ -27,13 +26,10 @@ broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
 
-# [docs: actor]
 @dramatiq.actor(lock="until_expired", lock_ttl=WINDOW)
 def send_daily_digest(user_id):
     email_the_digest(user_id)
 
-
-# [docs: end]
 
 # What follows only tells the story, the same way on every run.
 story = threading.Lock()  # one line at a time, each send's line before its message's

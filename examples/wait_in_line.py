@@ -4,8 +4,7 @@ dead-letter queue.
 
     python examples/wait_in_line.py   # set REDIS_URL to use your own server
 
-It touches only keys under ``example-line:`` and deletes them at the end. The lines
-between ``# [docs: ...]`` and ``# [docs: end]`` are the ones its page shows.
+It touches only keys under ``example-line:`` and deletes them at the end.
 """
 
 import threading
@@ -27,7 +26,6 @@ broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
 
-# [docs: actor]
 # Locked on the account alone: a posting that finds one queued or running for its
 # account waits in the lock's line, four at most.
 @dramatiq.actor(
@@ -39,8 +37,6 @@ dramatiq.set_broker(broker)
 def post_to_ledger(account_id, posting, amount):
     write_to_the_ledger(account_id, posting, amount)
 
-
-# [docs: end]
 
 # What follows only tells the story, the same way on every run.
 story = threading.Lock()  # one line at a time
