@@ -1,4 +1,5 @@
-"""Schedule the orphan reaper with APScheduler: the scheduler sends the reaper actor, a worker runs it.
+"""Schedule the orphan reaper with APScheduler: the scheduler sends the reaper actor, a
+worker runs it.
 
     python examples/reaper_apscheduler.py   # set REDIS_URL to use your own server
 
@@ -23,7 +24,8 @@ PREFIX = "example-apscheduler"
 INTERVAL = 1  # seconds; 600 for every 10 minutes
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
-# reaper_interval=None: the workers do not send the reaper themselves, the scheduler does.
+# reaper_interval=None: the workers do not send the reaper themselves; the scheduler
+# does.
 unique = UniqueJobs(
     backend=RedisBackend(url=redis_url()),
     lock_prefix=f"{PREFIX}:lock",
@@ -31,7 +33,8 @@ unique = UniqueJobs(
     reaper_interval=None,
 )
 broker.add_middleware(unique, before=TimeLimit)
-# Only so that this example can print the reaper's reports: it returns them where results are kept.
+# Only so that this example can print the reaper's reports: it returns them where
+# results are kept.
 broker.add_middleware(
     Results(backend=ResultsBackend(url=redis_url(), namespace=f"{PREFIX}:results"))
 )
@@ -72,15 +75,15 @@ def main():
         scheduler.shutdown()
         for number, message in enumerate(sent[:2], start=1):
             report = message.get_result(block=True, timeout=10_000)
+            inspected, released = report["inspected"], report["released"]
             print(
-                f"run {number}: inspected {report['inspected']} lock place, released {report['released']}, "
+                f"run {number}: inspected {inspected} lock place, released {released}, "
                 f"full cycle: {report['complete']}"
             )
         again = enqueue_outcome(settle_payment.send("evt_123"))
         held = again.holder == queued.message_id
-        print(
-            f"settle_payment.send('evt_123') again: {again.status}, held by the queued message: {held}"
-        )
+        said = f"{again.status}, held by the queued message: {held}"
+        print(f"settle_payment.send('evt_123') again: {said}")
     finally:
         worker.stop()
         broker.close()

@@ -1,4 +1,5 @@
-"""The example shop on RabbitMQ, django_dramatiq's default broker: the locks need a Redis of their own."""
+"""The example shop on RabbitMQ, django_dramatiq's default broker: the locks need a
+Redis of their own."""
 
 import os
 

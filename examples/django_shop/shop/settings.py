@@ -1,4 +1,5 @@
-"""The example shop's settings, on a RedisBroker: its locks live on the broker's Redis."""
+"""The example shop's settings, on a RedisBroker: its locks live on the broker's
+Redis."""
 
 import os
 from pathlib import Path
@@ -16,7 +17,8 @@ DRAMATIQ_BROKER = {
     "OPTIONS": {"url": os.environ.get("REDIS_URL", "redis://localhost:6379/0")},
     "MIDDLEWARE": [
         "dramatiq.middleware.AgeLimit",
-        # Ahead of TimeLimit and Retries: it sees Retries' verdict, and no time limit cuts its calls short.
+        # Ahead of TimeLimit and Retries: it sees Retries' verdict, and no time limit
+        # cuts its calls short.
         "dramatiq_unique.UniqueJobs",
         "dramatiq.middleware.TimeLimit",
         "dramatiq.middleware.Callbacks",
