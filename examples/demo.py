@@ -1,4 +1,5 @@
-"""The two stories of the docs, run for real: a RedisBroker, a Worker and dramatiq-unique's locks.
+"""The two stories of the docs, run for real: a RedisBroker, a Worker and
+dramatiq-unique's locks.
 
     make demo                                        # starts a throwaway Valkey server
     REDIS_URL=redis://127.0.0.1:6379/0 make demo     # or uses yours
@@ -60,9 +61,9 @@ def times(n: int) -> str:
 class WatchConflicts(dramatiq.Middleware):
     """Reports the copies that met a held run lock: rescheduled, or dropped.
 
-    With on_conflict="reschedule", UniqueJobs enqueues a copy of the message (same message_id)
-    with a delay, which ``after_enqueue`` sees, then skips the original; Dramatiq calls
-    ``after_skip_message`` on every middleware for it, this one included.
+    With on_conflict="reschedule", UniqueJobs enqueues a copy of the message (same
+    message_id) with a delay, which ``after_enqueue`` sees, then skips the original;
+    Dramatiq calls ``after_skip_message`` on every middleware for it, this one included.
     """
 
     def __init__(self, conflicts):
@@ -81,13 +82,15 @@ def main() -> int:
     logging.basicConfig(
         level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    # Dramatiq logs a WARNING for every message a middleware skips; the demo reports those itself.
+    # Dramatiq logs a WARNING for every message a middleware skips; the demo reports
+    # those itself.
     logging.getLogger("dramatiq.worker.WorkerThread").setLevel(logging.ERROR)
     url = redis_url()
     embedded = started_a_server()
     on = where() + ("" if embedded else f" (keys under {PREFIX}:)")
     say(
-        f"dramatiq-unique demo: a RedisBroker and a Worker ({WORKER_THREADS} threads) on {on}."
+        f"dramatiq-unique demo: a RedisBroker and a Worker ({WORKER_THREADS} threads) "
+        f"on {on}."
     )
     broker = RedisBroker(url=url, namespace=f"{PREFIX}:broker")
     backend = RedisBackend(url=url)
@@ -169,7 +172,9 @@ class Conflicts:
     def rescheduled(self, message, delay: int, reschedules: int) -> None:
         with self.mutex:
             if reschedules <= self.reschedules.get(message.message_id, 0):
-                return  # a delayed enqueue of a message rescheduled before (a retry, say), not a new reschedule
+                # A delayed enqueue of a message rescheduled before (a retry, say), not
+                # a new reschedule.
+                return
             self.reschedules[message.message_id] = reschedules
             self.pending.add(message.message_id)
         args = ", ".join(map(repr, message.args))
@@ -188,7 +193,8 @@ class Conflicts:
             self.dropped.append(message.message_id)
         args = ", ".join(map(repr, message.args))
         event(
-            f"sync {args} {short(message.message_id)} dropped without running: {self.holder(message)}"
+            f"sync {args} {short(message.message_id)} dropped without running: "
+            f"{self.holder(message)}"
         )
 
 
@@ -222,13 +228,16 @@ def story_1(broker, worker, sync_account_balance, runs, conflicts) -> list[str]:
     say()
     say("Story 1: serialize per account")
     say(
-        '  sync_account_balance(account_id) has lock="while_executing": a lock on its arguments, held only'
+        '  sync_account_balance(account_id) has lock="while_executing": a lock on its '
+        "arguments, held only"
     )
     say(
-        '  while it runs, and on_conflict="reschedule": a copy that finds the lock held is enqueued again to'
+        '  while it runs, and on_conflict="reschedule": a copy that finds the lock '
+        "held is enqueued again to"
     )
     say(
-        f"  try later, after reschedule_delay ({RESCHEDULE_DELAY} ms here; the default is 5000 ms)."
+        f"  try later, after reschedule_delay ({RESCHEDULE_DELAY} ms here; the default "
+        "is 5000 ms)."
     )
     say("  You send five syncs at once: accounts 42, 42, 43, 42, 43.")
     say()
@@ -272,18 +281,22 @@ def story_1(broker, worker, sync_account_balance, runs, conflicts) -> list[str]:
         )
     )
     say(
-        f"    account 43 synced {times(len(runs_43))}, side by side with 42 for {side_by_side:.2f}s."
+        f"    account 43 synced {times(len(runs_43))}, side by side with 42 for "
+        f"{side_by_side:.2f}s."
     )
     say(
-        f"  - {rescheduled_copies} copies reached a worker while a sync for the same account was running."
+        f"  - {rescheduled_copies} copies reached a worker while a sync for the same "
+        "account was running."
         " Each time, the worker"
     )
     delay = f"{RESCHEDULE_DELAY} ms"
     say(
-        f"    acked the copy without running it and enqueued it again (same message_id) to try {delay} later:"
+        "    acked the copy without running it and enqueued it again (same "
+        f"message_id) to try {delay} later:"
     )
     say(
-        f'    {reschedules} reschedules in all, until its account was free. on_conflict="log", the default, would have'
+        f"    {reschedules} reschedules in all, until its account was free. "
+        'on_conflict="log", the default, would have'
     )
     say(
         "    dropped them"
@@ -302,7 +315,8 @@ def story_1(broker, worker, sync_account_balance, runs, conflicts) -> list[str]:
         problems.append(f"{len(never_ran)} of {len(sent)} syncs never ran")
     if max(ran.values(), default=0) > 1:
         problems.append(
-            f"syncs ran more than once: {sorted(short(m) for m, n in ran.items() if n > 1)}"
+            "syncs ran more than once: "
+            f"{sorted(short(m) for m, n in ran.items() if n > 1)}"
         )
     if conflicts.dropped:
         problems.append(
@@ -334,7 +348,8 @@ def declare_story_2():
     def settle_payment(event_id, payload=None):
         lock = current_lock()
         event(
-            f"settle {event_id} {short(lock.message_id)} starts; current_lock().token = {lock.token}"
+            f"settle {event_id} {short(lock.message_id)} starts; current_lock().token "
+            f"= {lock.token}"
         )
         ledger["started"].setdefault(event_id, threading.Event()).set()
         time.sleep(SETTLE_SECONDS)  # the call to the payment provider
@@ -355,10 +370,12 @@ def story_2(broker, worker, settle_payment, ledger) -> list[str]:
     say()
     say("Story 2: process a payment event once")
     say(
-        '  settle_payment(event_id, payload) runs on queue "payments" with lock="until_executed", locked on the'
+        '  settle_payment(event_id, payload) runs on queue "payments" with '
+        'lock="until_executed", locked on the'
     )
     say(
-        "  event id alone: the lock is taken when you send and given up when the settlement has finished."
+        "  event id alone: the lock is taken when you send and given up when the "
+        "settlement has finished."
     )
     say()
     _t0 = time.monotonic()
@@ -369,18 +386,21 @@ def story_2(broker, worker, settle_payment, ledger) -> list[str]:
         outcome = enqueue_outcome(message)
         if outcome.enqueued:
             event(
-                f"webhook {event_id}{note}: enqueued as {short(message.message_id)}, lock token {outcome.token}"
+                f"webhook {event_id}{note}: enqueued as {short(message.message_id)}, "
+                f"lock token {outcome.token}"
             )
         else:
             event(
-                f"webhook {event_id}{note}: NOT enqueued, a duplicate: the lock is held by {short(outcome.holder)}"
+                f"webhook {event_id}{note}: NOT enqueued, a duplicate: the lock is "
+                f"held by {short(outcome.holder)}"
             )
         return message, outcome
 
     first, _ = deliver("evt_123", {"amount": "120.00", "delivery": 1})
     deliver("evt_456", {"amount": "35.50", "delivery": 1})
     started_123.wait(10)
-    # The provider did not see your 200 in time and sends the same event again, with another payload.
+    # The provider did not see your 200 in time and sends the same event again, with
+    # another payload.
     _, duplicate = deliver("evt_123", {"amount": "120.00", "delivery": 2}, " again")
     wait_until_done(broker, worker, settle_payment.queue_name)
     say("  Later, after settlement, the provider delivers evt_123 once more:")
@@ -392,27 +412,33 @@ def story_2(broker, worker, settle_payment, ledger) -> list[str]:
     say()
     say("  What happened:")
     say(
-        "  - The second delivery of evt_123 was dropped at send time. send() returned normally, and"
+        "  - The second delivery of evt_123 was dropped at send time. send() returned "
+        "normally, and"
     )
     say(
-        f"    enqueue_outcome(message) said status={duplicate.status!r}, holder={short(duplicate.holder)}: the first."
+        f"    enqueue_outcome(message) said status={duplicate.status!r}, "
+        f"holder={short(duplicate.holder)}: the first."
     )
     say("  - evt_456 has a lock of its own and settled alongside evt_123.")
     say(
-        "  - Once evt_123 was settled its lock was free, so the third delivery was enqueued and ran. The actor"
+        "  - Once evt_123 was settled its lock was free, so the third delivery was "
+        "enqueued and ran. The actor"
     )
     say(
-        "    found evt_123 settled already and changed nothing: keep your actors idempotent for this case."
+        "    found evt_123 settled already and changed nothing: keep your actors "
+        "idempotent for this case."
     )
     say(
-        "  - current_lock().token grows with every new holder: pass it along with your write, so the resource"
+        "  - current_lock().token grows with every new holder: pass it along with your "
+        "write, so the resource"
     )
     say("    you write to can refuse a stale holder.")
 
     problems = []
     if duplicate.enqueued or duplicate.holder != first.message_id:
         problems.append(
-            f"the duplicate delivery of evt_123 was not dropped in favour of the first: {duplicate}"
+            "the duplicate delivery of evt_123 was not dropped in favour of the "
+            f"first: {duplicate}"
         )
     if not later_outcome.enqueued:
         problems.append("the lock of evt_123 was still held after settlement")
