@@ -83,9 +83,8 @@ def start_worker():
 
 
 def run_until_done(worker, actor):
-    # Every message processed, delayed ones (retries) included,
-    broker.join(actor.queue_name)
-    worker.join()  # and the worker idle: the locks have been released too
+    broker.join(actor.queue_name)  # every message processed, retries included
+    worker.join()  # and the worker idle
 
 
 # The tests ----------------------------------------------------------------------------
