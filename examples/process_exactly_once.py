@@ -3,8 +3,7 @@ delivers it.
 
     python examples/process_exactly_once.py   # set REDIS_URL to use your own server
 
-It touches only keys under ``example-once:`` and deletes them at the end. The lines
-between ``# [docs: send]`` and ``# [docs: end]`` are shown on its page too.
+It touches only keys under ``example-once:`` and deletes them at the end.
 """
 
 import threading
@@ -68,7 +67,7 @@ def call_the_payment_provider(event_id, payload):
 
 def deliver(event_id, delivery):
     with story:
-        # [docs: send]
+        # [docs: send] (the lines its page shows)
         payload = {"amount": "120.00", "delivery": delivery}
         message = settle_payment.send(event_id, payload)
         outcome = enqueue_outcome(message)  # send() returns normally, enqueued or not
