@@ -60,7 +60,8 @@ class Page:
     def __init__(self) -> None:
         self.seen: dict[str, str] = {}
 
-    def pattern(self, expected: str) -> re.Pattern[str]:
+    def pattern(self, expected: str) -> tuple[re.Pattern[str], dict[str, str]]:
+        """The pattern of one line the page states, and which placeholder each of its groups is."""
         parts, groups, start = [], {}, 0
         for placeholder in PLACEHOLDER.finditer(expected):
             parts.append(re.escape(expected[start : placeholder.start()]))
@@ -76,13 +77,13 @@ class Page:
                 parts.append(f"(?P<{groups[word]}>.+?)")
             start = placeholder.end()
         parts.append(re.escape(expected[start:]))
-        self.groups = {group: word for word, group in groups.items()}
-        return re.compile("".join(parts) + r"\Z")
+        return re.compile("".join(parts) + r"\Z"), {group: word for word, group in groups.items()}
 
     def match(self, expected: str, printed: str) -> bool:
-        found = self.pattern(columns(expected)).match(columns(printed))
+        pattern, words = self.pattern(columns(expected))
+        found = pattern.match(columns(printed))
         if found:
-            self.seen.update({self.groups[group]: text for group, text in found.groupdict().items()})
+            self.seen.update({words[group]: text for group, text in found.groupdict().items()})
         return found is not None
 
     def mismatches(self, name: str, printed: str) -> list[str]:
@@ -124,6 +125,22 @@ def wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
 def queued_message_ids(redis_client) -> list[str]:
     """The message_ids in the default queue of the page's broker (namespace ``dramatiq``)."""
     return sorted(json.loads(data)["message_id"] for data in redis_client.hvals("dramatiq:default.msgs"))
+
+
+def test_an_id_stands_for_the_same_text_wherever_it_appears():
+    page = Page()
+    assert page.match("<first id>: enqueued, held by <first id>", "a1: enqueued, held by a1")
+    assert not page.match("<second id>: duplicate, held by <first id>", "b2: duplicate, held by b2")
+    assert page.match("<second id>: duplicate, held by <first id>", "b2: duplicate, held by a1")
+    assert page.match("taken <age> ago", "taken 20ms ago") and page.match("taken <age> ago", "taken 3s ago")
+    assert page.match("  MESSAGE ID  STATE", "  MESSAGE ID                            STATE")
+    assert not page.match("  MESSAGE ID STATE", "  MESSAGE ID  STATE")
+
+
+def test_a_wrapped_line_is_one_printed_line():
+    command, lines = read_step("send")
+    assert command == [sys.executable, "send.py"]
+    assert lines[0].startswith("INFO ") and lines[0].endswith(" (strategy 'log').") and len(lines) == 3
 
 
 def test_the_steps_of_the_getting_started_page(redis_url, redis_client, tmp_path):
