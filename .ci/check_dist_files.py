@@ -3,8 +3,8 @@
     python .ci/check_dist_files.py dist/dramatiq_unique-X.tar.gz dist/dramatiq_unique-X-py3-none-any.whl
 
 A file the package reads at run time (a Lua script, a template, the stylesheet) or that type
-checkers look for (``py.typed``) is easily left out by the packaging configuration; this names
-each one that is missing.
+checkers look for (``py.typed``), or a license text, is easily left out by the packaging
+configuration; this names each one that is missing.
 """
 
 import sys
@@ -36,6 +36,11 @@ def main(sdist: str, wheel: str) -> int:
         for dist, names in ((sdist, in_sdist), (wheel, in_wheel))
         for name in sorted(expected - names)
     ]
+    # The license texts pyproject.toml names, in the sdist's root and the wheel's dist-info.
+    licenses = ("LICENSE", "COPYING")
+    missing += [f"{Path(sdist).name} lacks {name}" for name in licenses if name not in in_sdist]
+    in_dist_info = {Path(name).name for name in in_wheel if ".dist-info/licenses/" in name}
+    missing += [f"{Path(wheel).name} lacks {name} in its dist-info" for name in licenses if name not in in_dist_info]
     for line in missing:
         print(line, file=sys.stderr)
     if missing:
