@@ -20,7 +20,7 @@ from .events import EVENT_KINDS, LockEvent
 from .held import Explanation, HolderInfo, LockInfo, WorkerInfo
 from .middleware import UniqueJobs
 from .operations import Locks
-from .outcome import EnqueueOutcome, enqueue_outcome
+from .outcome import EnqueueOutcome, enqueue_outcome, record_outcome
 from .reaper import ReapReport, reap_orphans
 from .strategies import ConflictStrategy, register_strategy
 
@@ -34,6 +34,7 @@ __all__ = [
     # Conflict strategies
     "ConflictStrategy",
     "register_strategy",
+    "record_outcome",
     # Inside and around actors
     "HeldLock",
     "current_lock",

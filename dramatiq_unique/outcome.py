@@ -125,7 +125,23 @@ def has_followers(message: AnyMessage) -> bool:
 
 
 def record_outcome(message: AnyMessage, outcome: EnqueueOutcome) -> None:
-    """Write ``outcome`` into the message's options."""
+    """Record what became of ``message`` at enqueue, for :func:`enqueue_outcome` to tell.
+
+    A conflict strategy of your own that drops the duplicate on the client side records
+    its outcome before it raises :class:`~dramatiq_unique.EnqueueCancelled`: otherwise
+    :func:`enqueue_outcome` reports the message that ``send()`` returned as
+    ``"enqueued"``. The outcome travels in the message's options.
+
+    Examples:
+      >>> duplicate = EnqueueOutcome(
+      ...     status="duplicate", digest=conflict.digest, holder=conflict.holders[0]
+      ... )
+      >>> record_outcome(conflict.message, duplicate)
+
+    Parameters:
+      message(dramatiq.Message): The message, as sent or as a worker processes it.
+      outcome(EnqueueOutcome): What became of it.
+    """
     record(
         message,
         status=outcome.status,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import dramatiq
 import pytest
@@ -15,12 +17,15 @@ from dramatiq_unique import (
     ConflictStrategy,
     DuplicateMessage,
     EnqueueCancelled,
+    EnqueueOutcome,
     InvalidLockOptions,
+    Locks,
     current_lock,
     enqueue_outcome,
+    record_outcome,
     register_strategy,
 )
-from dramatiq_unique.outcome import DUPLICATE, EnqueueOutcome, record_outcome
+from dramatiq_unique.outcome import DUPLICATE
 from dramatiq_unique.strategies import STRATEGIES
 
 from .support import Gate, wait_for
@@ -351,6 +356,50 @@ def test_a_registered_strategy_is_used_by_name(env):
             register_strategy(DropAndCount())
     finally:
         del STRATEGIES["drop_and_count"]
+
+
+CUSTOM_STRATEGY_PAGE = Path(__file__).resolve().parent.parent / "docs" / "conflict-resolution" / "custom-strategy.md"
+
+
+def test_the_custom_strategy_recipe_runs(env):
+    # The page's recipe, as a reader copies it: it counts duplicates on both sides and tells send().
+    prometheus_client = pytest.importorskip("prometheus_client")
+    (recipe,) = re.findall(r"```python\n(# app/strategies\.py\n.*?)```", CUSTOM_STRATEGY_PAGE.read_text(), re.DOTALL)
+    namespace: dict = {}
+    exec(compile(recipe, str(CUSTOM_STRATEGY_PAGE), "exec"), namespace)
+    counter = namespace["DUPLICATES"]
+    try:
+        gate = Gate()
+
+        @env.actor(
+            queue_name="payments",
+            lock="until_and_while_executing",
+            on_conflict="count_and_drop",
+            lock_args_method=lambda event_id, label: [event_id],
+        )
+        def settle_payment(event_id, label):
+            gate.enter(label)
+
+        first = settle_payment.send("evt_123", "A")
+        duplicate = settle_payment.send("evt_123", "B")
+        outcome = enqueue_outcome(duplicate)
+        assert (outcome.status, outcome.holder) == (DUPLICATE, first.message_id)
+        assert counter.labels(actor="settle_payment", side="client")._value.get() == 1
+        explanation = Locks.from_middleware(env.middleware).explain(settle_payment, "evt_123", "C")
+        assert explanation.on_send.startswith("A new send would be dropped and counted")
+
+        # On the server: a copy enqueued while the enqueue lock was free meets the run lock of A.
+        env.worker(threads=2)
+        wait_for(lambda: gate.count("A") == 1)
+        second = settle_payment.send("evt_123", "D")
+        assert enqueue_outcome(second).enqueued
+        wait_for(lambda: counter.labels(actor="settle_payment", side="server")._value.get() == 1)
+        gate.open()
+        env.join(settle_payment)
+        assert gate.runs == ["A"]
+    finally:
+        del STRATEGIES["count_and_drop"]
+        prometheus_client.REGISTRY.unregister(counter)
 
 
 @pytest.mark.parametrize(
