@@ -44,7 +44,7 @@ language = "en"
 # headings by their anchors, so headings down to ### get one.
 source_suffix = {".md": "markdown"}
 myst_heading_anchors = 3
-myst_enable_extensions = ["colon_fence"]
+myst_enable_extensions = ["colon_fence", "deflist"]
 
 # Curly quotes and ellipses, but "--" stays two hyphens: option names are written in running text.
 smartquotes_action = "qe"

@@ -1,6 +1,6 @@
-"""Async actors: an ``async def`` actor under Dramatiq's AsyncIO middleware holds its run lock,
-reads it with require_current_lock() in its coroutine and in the tasks it starts, and hands the
-fencing token to the resource it writes.
+"""Async actors: an ``async def`` actor under Dramatiq's AsyncIO middleware holds its
+run lock, reads it with require_current_lock() in its coroutine and in the tasks it
+starts, and hands the fencing token to the resource it writes.
 
     python examples/async_actors.py   # set REDIS_URL to use your own server
 
@@ -26,7 +26,8 @@ PREFIX = "example-async"
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
 unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock")
 broker.add_middleware(unique, before=TimeLimit)
-broker.add_middleware(AsyncIO())  # runs every async def actor on one event loop thread per worker process
+# AsyncIO runs every async def actor on one event loop thread per worker process.
+broker.add_middleware(AsyncIO())
 dramatiq.set_broker(broker)
 
 
@@ -35,14 +36,16 @@ class StaleLock(Exception):
 
 
 class Ledger:
-    """Stands for your database: it keeps the highest fencing token it accepted per account."""
+    """Stands for your database: it keeps the highest token it accepted per account."""
 
     def __init__(self):
         self.balances, self.fences = {}, {}
 
     async def save(self, account_id, balance, token):
         if token < self.fences.get(account_id, 0):
-            raise StaleLock(f"account {account_id}: token {token} is older than the last write")
+            raise StaleLock(
+                f"token {token} is older than the last write to {account_id}"
+            )
         self.balances[account_id], self.fences[account_id] = balance, token
 
 
@@ -54,9 +57,10 @@ running, bank_may_answer, done = threading.Event(), threading.Event(), threading
 
 
 async def fetch_balance(account_id):
-    # Stands for an HTTP call with an async client: A's hangs until the story lets it answer.
+    # Stands for an HTTP call with an async client: A's hangs until the story lets it
+    # answer. Meanwhile the event loop runs the other messages' coroutines.
     while account_id == 42 and not bank_may_answer.is_set():
-        await asyncio.sleep(0.01)  # meanwhile the event loop runs the other messages' coroutines
+        await asyncio.sleep(0.01)
     return {42: "100.00", 43: "7.50"}[account_id]
 
 
@@ -68,16 +72,21 @@ async def audit(account_id):
 async def sync_balance(account_id):
     lock = require_current_lock()  # raises NoLockHeld rather than write unfenced
     on_loop = threading.current_thread() is get_event_loop_thread()
-    with story:  # a moment's wait for send() to return: no await inside, so the loop is held only that long
+    # A moment's wait for send() to return: no await inside, so the loop is held only
+    # that long.
+    with story:
         name = names[lock.message_id]
         tokens[name] = lock.token
-        print(f"  {name} holds the run lock of account {account_id}, on the event loop thread: {on_loop}", flush=True)
+        holds = f"holds the run lock of account {account_id}"
+        print(f"  {name} {holds}, on the event loop thread: {on_loop}", flush=True)
     if name == "A":
         running.set()
     balance = await fetch_balance(account_id)
     seen_by_task = await asyncio.create_task(audit(account_id))
     await ledger.save(account_id, balance, lock.token)
-    print(f"  {name} saves {balance} with its token; a task it started saw the same: {seen_by_task == lock.token}")
+    same = seen_by_task == lock.token
+    saw = f"a task it started saw the same: {same}"
+    print(f"  {name} saves {balance} with its token; {saw}")
     done.set()
 
 
@@ -100,7 +109,9 @@ def main():
         while not conflicts:
             time.sleep(0.01)
         event = conflicts[0]
-        print(f"  B met the run lock held by {names[event.holders[0]]}: dropped (strategy {event.strategy!r})")
+        holder = names[event.holders[0]]
+        strategy = event.strategy
+        print(f"  B met the run lock held by {holder}: dropped (strategy {strategy!r})")
         done.clear()
         send("C", 43)  # another account, another lock: it runs while A still waits
         done.wait(10)
@@ -110,9 +121,10 @@ def main():
         send("D", 42)  # later: a new run, a new token
         broker.join(sync_balance.queue_name, timeout=10_000)
         worker.join()
-        print(f"Tokens of account 42: A's is {'lower' if tokens['A'] < tokens['D'] else 'NOT lower'} than D's.")
-        try:
-            asyncio.run(ledger.save(42, "100.00", tokens["A"]))  # A's write, arriving late
+        lower = "lower" if tokens["A"] < tokens["D"] else "NOT lower"
+        print(f"Tokens of account 42: A's is {lower} than D's.")
+        try:  # A's write, arriving late
+            asyncio.run(ledger.save(42, "100.00", tokens["A"]))
         except StaleLock:
             print("A late write with A's token is refused: StaleLock.")
         print(f"Outside an actor, current_lock() is {current_lock()}.")
@@ -120,7 +132,11 @@ def main():
         worker.stop()
         broker.close()
         delete_keys(PREFIX)
-    print("Balances:", ", ".join(f"{account} = {balance}" for account, balance in sorted(ledger.balances.items())))
+    balances = sorted(ledger.balances.items())
+    print(
+        "Balances:",
+        ", ".join(f"{account} = {balance}" for account, balance in balances),
+    )
 
 
 if __name__ == "__main__":

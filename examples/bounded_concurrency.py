@@ -23,6 +23,21 @@ unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX
 broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
+
+# The partner allows three concurrent requests per client. The partner is the lock
+# argument: the request id only names the request.
+@dramatiq.actor(
+    lock="while_executing",
+    lock_limit=3,
+    lock_args_method=lambda partner, request_id: [partner],
+    on_conflict="reschedule",
+    reschedule_delay=300,  # ms; 5000 by default
+)
+def call_partner_api(partner, request_id):
+    send_the_request(partner, request_id)
+
+
+# What follows only tells the story, the same way on every run.
 mutex = threading.Lock()
 running = {"acme": 0, "globex": 0}  # calls running now, per partner
 most_at_once = {"acme": 0, "globex": 0}
@@ -31,16 +46,7 @@ rescheduled_copies = set()
 may_finish = threading.Event()  # holds the first calls until the story has moved on
 
 
-# The partner allows three concurrent requests per client. The partner is the lock argument:
-# the request id only names the request.
-@dramatiq.actor(
-    lock="while_executing",
-    lock_limit=3,
-    lock_args_method=lambda partner, request_id: [partner],
-    on_conflict="reschedule",
-    reschedule_delay=300,
-)
-def call_partner_api(partner, request_id):
+def send_the_request(partner, request_id):
     with mutex:
         calls[partner] += 1
         running[partner] += 1
@@ -75,10 +81,15 @@ def main():
         sent = [call_partner_api.send("acme", request) for request in range(5)]
         sent.append(call_partner_api.send("globex", 0))
         queued = sum(enqueue_outcome(message).enqueued for message in sent)
-        print(f"send 5 calls for acme and 1 for globex: {queued} queued (while_executing takes nothing at send())")
-        wait_for(lambda: running["acme"] == 3 and running["globex"] == 1 and len(rescheduled_copies) == 2)
-        print(f"{running['acme']} calls for acme run at once, and {running['globex']} for globex beside them")
-        print(f"{len(rescheduled_copies)} calls for acme met the full lock: rescheduled to try again in 300 ms")
+        nothing = "while_executing takes nothing at send()"
+        print(f"send 5 calls for acme, 1 for globex: {queued} queued ({nothing})")
+        wait_for(
+            lambda: running == {"acme": 3, "globex": 1} and len(rescheduled_copies) == 2
+        )
+        acme, globex = running["acme"], running["globex"]
+        print(f"{acme} calls for acme run at once, and {globex} for globex beside them")
+        met = f"{len(rescheduled_copies)} calls for acme met the full lock"
+        print(f"{met}: rescheduled to try again in 300 ms")
         may_finish.set()
         broker.join(call_partner_api.queue_name, timeout=10_000)
         worker.join()

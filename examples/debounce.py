@@ -22,16 +22,13 @@ PREFIX = "example-debounce"
 QUIET_PERIOD = 500  # ms without a new edit before the push runs
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
-broker.add_middleware(UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
+unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock")
+broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
-story = threading.Lock()  # one line at a time
-names = {}  # message_id -> "edit 1", ...
-pushes = []  # (profile_id, version, when) of every push that ran
 
-
-# Locked on the profile alone: a newer edit takes the place of the waiting, older one, and waits
-# a quiet period of its own.
+# Locked on the profile alone: a newer edit takes the place of the waiting, older one,
+# and waits a quiet period of its own.
 @dramatiq.actor(
     lock="until_executed",
     on_conflict={"client": "replace"},
@@ -39,8 +36,21 @@ pushes = []  # (profile_id, version, when) of every push that ran
     debounce=QUIET_PERIOD,
 )
 def push_profile(profile_id, version):
+    push_to_the_crm(profile_id, version)
+
+
+# What follows only tells the story, the same way on every run.
+story = threading.Lock()  # one line at a time
+names = {}  # message_id -> "edit 1", ...
+pushes = []  # (profile_id, version, when) of every push that ran
+
+
+def push_to_the_crm(profile_id, version):
     with story:
-        print(f"  pushing version {version} of profile {profile_id} to the CRM", flush=True)
+        print(
+            f"  pushing version {version} of profile {profile_id} to the CRM",
+            flush=True,
+        )
         pushes.append((profile_id, version, current_millis()))
 
 
@@ -50,8 +60,14 @@ def edit(profile_id, version):
         message = push_profile.send(profile_id, version)
         names[message.message_id] = f"edit {version}"
         outcome = enqueue_outcome(message)
-        replaced = f", took the place of {names[outcome.replaced]}" if outcome.replaced else ""
-        print(f"edit {version} of profile 7: {outcome.status}, waits {QUIET_PERIOD} ms{replaced}", flush=True)
+        replaced = ""
+        if outcome.replaced:
+            replaced = f", took the place of {names[outcome.replaced]}"
+        waits = f"waits {QUIET_PERIOD} ms"
+        print(
+            f"edit {version} of profile 7: {outcome.status}, {waits}{replaced}",
+            flush=True,
+        )
     return sent_at
 
 
@@ -70,7 +86,10 @@ def main():
         delete_keys(PREFIX)
     versions = [version for _, version, _ in pushes]
     waited = all(when - last_edit >= QUIET_PERIOD for _, _, when in pushes)
-    print(f"5 edits, {len(pushes)} push (version {', '.join(map(str, versions))}),", end=" ")
+    print(
+        f"5 edits, {len(pushes)} push (version {', '.join(map(str, versions))}),",
+        end=" ",
+    )
     print(f"{QUIET_PERIOD} ms or more after the last edit" if waited else "TOO EARLY")
 
 

@@ -1,4 +1,5 @@
-"""The two stories of the docs, run for real: a RedisBroker, a Worker and dramatiq-unique's locks.
+"""The two stories of the docs, run for real: a RedisBroker, a Worker and
+dramatiq-unique's locks.
 
     make demo                                        # starts a throwaway Valkey server
     REDIS_URL=redis://127.0.0.1:6379/0 make demo     # or uses yours
@@ -19,7 +20,13 @@ import dramatiq
 from dramatiq import Worker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import TimeLimit
-from redis_for_examples import delete_keys, redis_url, started_a_server, stop_server, where
+from redis_for_examples import (
+    delete_keys,
+    redis_url,
+    started_a_server,
+    stop_server,
+    where,
+)
 
 from dramatiq_unique import RedisBackend, UniqueJobs, current_lock, enqueue_outcome
 
@@ -54,9 +61,9 @@ def times(n: int) -> str:
 class WatchConflicts(dramatiq.Middleware):
     """Reports the copies that met a held run lock: rescheduled, or dropped.
 
-    With on_conflict="reschedule", UniqueJobs enqueues a copy of the message (same message_id)
-    with a delay, which ``after_enqueue`` sees, then skips the original; Dramatiq calls
-    ``after_skip_message`` on every middleware for it, this one included.
+    With on_conflict="reschedule", UniqueJobs enqueues a copy of the message (same
+    message_id) with a delay, which ``after_enqueue`` sees, then skips the original;
+    Dramatiq calls ``after_skip_message`` on every middleware for it, this one included.
     """
 
     def __init__(self, conflicts):
@@ -72,17 +79,25 @@ class WatchConflicts(dramatiq.Middleware):
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # Dramatiq logs a WARNING for every message a middleware skips; the demo reports those itself.
+    logging.basicConfig(
+        level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    # Dramatiq logs a WARNING for every message a middleware skips; the demo reports
+    # those itself.
     logging.getLogger("dramatiq.worker.WorkerThread").setLevel(logging.ERROR)
     url = redis_url()
     embedded = started_a_server()
     on = where() + ("" if embedded else f" (keys under {PREFIX}:)")
-    say(f"dramatiq-unique demo: a RedisBroker and a Worker ({WORKER_THREADS} threads) on {on}.")
+    say(
+        f"dramatiq-unique demo: a RedisBroker and a Worker ({WORKER_THREADS} threads) "
+        f"on {on}."
+    )
     broker = RedisBroker(url=url, namespace=f"{PREFIX}:broker")
     backend = RedisBackend(url=url)
     # Ahead of TimeLimit, as the middleware asks, and before any actor is declared.
-    broker.add_middleware(UniqueJobs(backend=backend, lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
+    broker.add_middleware(
+        UniqueJobs(backend=backend, lock_prefix=f"{PREFIX}:lock"), before=TimeLimit
+    )
     conflicts = Conflicts()
     broker.add_middleware(WatchConflicts(conflicts))
     dramatiq.set_broker(broker)
@@ -110,7 +125,10 @@ def main() -> int:
         for problem in problems:
             say(f"UNEXPECTED: {problem}")
         return 1
-    say("Done: worker stopped, demo keys deleted" + (", Valkey server stopped." if embedded else "."))
+    say(
+        "Done: worker stopped, demo keys deleted"
+        + (", Valkey server stopped." if embedded else ".")
+    )
     return 0
 
 
@@ -122,7 +140,9 @@ def wait_until_done(broker, worker, queue_name: str) -> None:
 # Story 1 ---------------------------------------------------------------------
 
 
-RESCHEDULE_DELAY = 200  # ms before a copy that met the lock tries again; 5000 by default
+RESCHEDULE_DELAY = (
+    200  # ms before a copy that met the lock tries again; 5000 by default
+)
 
 
 class Conflicts:
@@ -130,8 +150,12 @@ class Conflicts:
 
     def __init__(self):
         self.mutex = threading.Lock()
-        self.running: dict[tuple, str] = {}  # (actor, args) -> message_id of the copy that runs
-        self.reschedules: dict[str, int] = {}  # message_id -> how often it was rescheduled
+        self.running: dict[
+            tuple, str
+        ] = {}  # (actor, args) -> message_id of the copy that runs
+        self.reschedules: dict[
+            str, int
+        ] = {}  # message_id -> how often it was rescheduled
         self.pending: set[str] = set()  # rescheduled, the original not skipped yet
         self.dropped: list[str] = []
 
@@ -139,12 +163,18 @@ class Conflicts:
         args = ", ".join(map(repr, message.args))
         with self.mutex:
             holder = self.running.get((message.actor_name, tuple(message.args)))
-        return f"sync {args} {short(holder)} is running" if holder else f"another sync {args} is running"
+        return (
+            f"sync {args} {short(holder)} is running"
+            if holder
+            else f"another sync {args} is running"
+        )
 
     def rescheduled(self, message, delay: int, reschedules: int) -> None:
         with self.mutex:
             if reschedules <= self.reschedules.get(message.message_id, 0):
-                return  # a delayed enqueue of a message rescheduled before (a retry, say), not a new reschedule
+                # A delayed enqueue of a message rescheduled before (a retry, say), not
+                # a new reschedule.
+                return
             self.reschedules[message.message_id] = reschedules
             self.pending.add(message.message_id)
         args = ", ".join(map(repr, message.args))
@@ -155,18 +185,29 @@ class Conflicts:
 
     def skipped(self, message) -> None:
         with self.mutex:
-            if message.message_id in self.pending:  # the original of a copy rescheduled just now
+            if (
+                message.message_id in self.pending
+            ):  # the original of a copy rescheduled just now
                 self.pending.discard(message.message_id)
                 return
             self.dropped.append(message.message_id)
         args = ", ".join(map(repr, message.args))
-        event(f"sync {args} {short(message.message_id)} dropped without running: {self.holder(message)}")
+        event(
+            f"sync {args} {short(message.message_id)} dropped without running: "
+            f"{self.holder(message)}"
+        )
 
 
 def declare_story_1(conflicts: Conflicts):
-    runs: list[tuple[int, str, float, float]] = []  # (account_id, message_id, start, end) of every sync that ran
+    runs: list[
+        tuple[int, str, float, float]
+    ] = []  # (account_id, message_id, start, end) of every sync that ran
 
-    @dramatiq.actor(lock="while_executing", on_conflict="reschedule", reschedule_delay=RESCHEDULE_DELAY)
+    @dramatiq.actor(
+        lock="while_executing",
+        on_conflict="reschedule",
+        reschedule_delay=RESCHEDULE_DELAY,
+    )
     def sync_account_balance(account_id):
         message_id = current_lock().message_id
         with conflicts.mutex:
@@ -186,19 +227,35 @@ def story_1(broker, worker, sync_account_balance, runs, conflicts) -> list[str]:
     global _t0
     say()
     say("Story 1: serialize per account")
-    say('  sync_account_balance(account_id) has lock="while_executing": a lock on its arguments, held only')
-    say('  while it runs, and on_conflict="reschedule": a copy that finds the lock held is enqueued again to')
-    say(f"  try later, after reschedule_delay ({RESCHEDULE_DELAY} ms here; the default is 5000 ms).")
+    say(
+        '  sync_account_balance(account_id) has lock="while_executing": a lock on its '
+        "arguments, held only"
+    )
+    say(
+        '  while it runs, and on_conflict="reschedule": a copy that finds the lock '
+        "held is enqueued again to"
+    )
+    say(
+        f"  try later, after reschedule_delay ({RESCHEDULE_DELAY} ms here; the default "
+        "is 5000 ms)."
+    )
     say("  You send five syncs at once: accounts 42, 42, 43, 42, 43.")
     say()
     _t0 = time.monotonic()
-    sent = [sync_account_balance.send(account_id) for account_id in (42, 42, 43, 42, 43)]
+    sent = [
+        sync_account_balance.send(account_id) for account_id in (42, 42, 43, 42, 43)
+    ]
     wait_until_done(broker, worker, sync_account_balance.queue_name)
 
     runs_42 = sorted((start, end) for account, _, start, end in runs if account == 42)
     runs_43 = [(start, end) for account, _, start, end in runs if account == 43]
-    overlapping_42 = any(later[0] < earlier[1] for earlier, later in zip(runs_42, runs_42[1:], strict=False))
-    side_by_side = sum(max(0.0, min(a[1], b[1]) - max(a[0], b[0])) for a in runs_42 for b in runs_43)
+    overlapping_42 = any(
+        later[0] < earlier[1]
+        for earlier, later in zip(runs_42, runs_42[1:], strict=False)
+    )
+    side_by_side = sum(
+        max(0.0, min(a[1], b[1]) - max(a[0], b[0])) for a in runs_42 for b in runs_43
+    )
     queued = sum(enqueue_outcome(m).enqueued for m in sent)
     ran = Counter(message_id for _, message_id, _, _ in runs)
     rescheduled_copies = len(conflicts.reschedules)
@@ -206,22 +263,45 @@ def story_1(broker, worker, sync_account_balance, runs, conflicts) -> list[str]:
 
     say()
     say("  What happened:")
-    say(f"  - All {queued} sends were queued: while_executing takes no lock at enqueue.")
+    say(
+        f"  - All {queued} sends were queued: while_executing takes no lock at enqueue."
+    )
     every_once = ran == Counter(m.message_id for m in sent)
     say(
-        ("  - Every sync ran, exactly once. " if every_once else f"  - {len(runs)} runs for {len(sent)} syncs sent. ")
+        (
+            "  - Every sync ran, exactly once. "
+            if every_once
+            else f"  - {len(runs)} runs for {len(sent)} syncs sent. "
+        )
         + f"Account 42 synced {times(len(runs_42))}, "
-        + ("TWO AT ONCE;" if overlapping_42 else "one after another, never two at once;")
+        + (
+            "TWO AT ONCE;"
+            if overlapping_42
+            else "one after another, never two at once;"
+        )
     )
-    say(f"    account 43 synced {times(len(runs_43))}, side by side with 42 for {side_by_side:.2f}s.")
     say(
-        f"  - {rescheduled_copies} copies reached a worker while a sync for the same account was running."
+        f"    account 43 synced {times(len(runs_43))}, side by side with 42 for "
+        f"{side_by_side:.2f}s."
+    )
+    say(
+        f"  - {rescheduled_copies} copies reached a worker while a sync for the same "
+        "account was running."
         " Each time, the worker"
     )
     delay = f"{RESCHEDULE_DELAY} ms"
-    say(f"    acked the copy without running it and enqueued it again (same message_id) to try {delay} later:")
-    say(f'    {reschedules} reschedules in all, until its account was free. on_conflict="log", the default, would have')
-    say("    dropped them" + (f"; {len(conflicts.dropped)} were dropped." if conflicts.dropped else "."))
+    say(
+        "    acked the copy without running it and enqueued it again (same "
+        f"message_id) to try {delay} later:"
+    )
+    say(
+        f"    {reschedules} reschedules in all, until its account was free. "
+        'on_conflict="log", the default, would have'
+    )
+    say(
+        "    dropped them"
+        + (f"; {len(conflicts.dropped)} were dropped." if conflicts.dropped else ".")
+    )
 
     problems = []
     if queued != len(sent):
@@ -234,11 +314,18 @@ def story_1(broker, worker, sync_account_balance, runs, conflicts) -> list[str]:
     if never_ran:
         problems.append(f"{len(never_ran)} of {len(sent)} syncs never ran")
     if max(ran.values(), default=0) > 1:
-        problems.append(f"syncs ran more than once: {sorted(short(m) for m, n in ran.items() if n > 1)}")
+        problems.append(
+            "syncs ran more than once: "
+            f"{sorted(short(m) for m, n in ran.items() if n > 1)}"
+        )
     if conflicts.dropped:
-        problems.append(f"{len(conflicts.dropped)} syncs were dropped instead of rescheduled")
+        problems.append(
+            f"{len(conflicts.dropped)} syncs were dropped instead of rescheduled"
+        )
     if not rescheduled_copies:
-        problems.append("no copy met the lock of a running sync, so none was rescheduled")
+        problems.append(
+            "no copy met the lock of a running sync, so none was rescheduled"
+        )
     return problems
 
 
@@ -246,7 +333,11 @@ def story_1(broker, worker, sync_account_balance, runs, conflicts) -> list[str]:
 
 
 def declare_story_2():
-    ledger = {"settled": {}, "started": {}, "mutex": threading.Lock()}  # stands in for your payments table
+    ledger = {
+        "settled": {},
+        "started": {},
+        "mutex": threading.Lock(),
+    }  # stands in for your payments table
 
     # Only the event id decides uniqueness: the payload may differ between deliveries.
     @dramatiq.actor(
@@ -256,14 +347,20 @@ def declare_story_2():
     )
     def settle_payment(event_id, payload=None):
         lock = current_lock()
-        event(f"settle {event_id} {short(lock.message_id)} starts; current_lock().token = {lock.token}")
+        event(
+            f"settle {event_id} {short(lock.message_id)} starts; current_lock().token "
+            f"= {lock.token}"
+        )
         ledger["started"].setdefault(event_id, threading.Event()).set()
         time.sleep(SETTLE_SECONDS)  # the call to the payment provider
         with ledger["mutex"]:
             # Idempotent: a later delivery of a settled event changes nothing.
             already = event_id in ledger["settled"]
             ledger["settled"].setdefault(event_id, lock.token)
-        event(f"settle {event_id} {short(lock.message_id)} " + ("found it settled already" if already else "done"))
+        event(
+            f"settle {event_id} {short(lock.message_id)} "
+            + ("found it settled already" if already else "done")
+        )
 
     return settle_payment, ledger
 
@@ -272,8 +369,14 @@ def story_2(broker, worker, settle_payment, ledger) -> list[str]:
     global _t0
     say()
     say("Story 2: process a payment event once")
-    say('  settle_payment(event_id, payload) runs on queue "payments" with lock="until_executed", locked on the')
-    say("  event id alone: the lock is taken when you send and given up when the settlement has finished.")
+    say(
+        '  settle_payment(event_id, payload) runs on queue "payments" with '
+        'lock="until_executed", locked on the'
+    )
+    say(
+        "  event id alone: the lock is taken when you send and given up when the "
+        "settlement has finished."
+    )
     say()
     _t0 = time.monotonic()
     started_123 = ledger["started"].setdefault("evt_123", threading.Event())
@@ -282,34 +385,61 @@ def story_2(broker, worker, settle_payment, ledger) -> list[str]:
         message = settle_payment.send(event_id, payload)
         outcome = enqueue_outcome(message)
         if outcome.enqueued:
-            event(f"webhook {event_id}{note}: enqueued as {short(message.message_id)}, lock token {outcome.token}")
+            event(
+                f"webhook {event_id}{note}: enqueued as {short(message.message_id)}, "
+                f"lock token {outcome.token}"
+            )
         else:
-            event(f"webhook {event_id}{note}: NOT enqueued, a duplicate: the lock is held by {short(outcome.holder)}")
+            event(
+                f"webhook {event_id}{note}: NOT enqueued, a duplicate: the lock is "
+                f"held by {short(outcome.holder)}"
+            )
         return message, outcome
 
     first, _ = deliver("evt_123", {"amount": "120.00", "delivery": 1})
     deliver("evt_456", {"amount": "35.50", "delivery": 1})
     started_123.wait(10)
-    # The provider did not see your 200 in time and sends the same event again, with another payload.
+    # The provider did not see your 200 in time and sends the same event again, with
+    # another payload.
     _, duplicate = deliver("evt_123", {"amount": "120.00", "delivery": 2}, " again")
     wait_until_done(broker, worker, settle_payment.queue_name)
     say("  Later, after settlement, the provider delivers evt_123 once more:")
-    _, later_outcome = deliver("evt_123", {"amount": "120.00", "delivery": 3}, " a third time")
+    _, later_outcome = deliver(
+        "evt_123", {"amount": "120.00", "delivery": 3}, " a third time"
+    )
     wait_until_done(broker, worker, settle_payment.queue_name)
 
     say()
     say("  What happened:")
-    say("  - The second delivery of evt_123 was dropped at send time. send() returned normally, and")
-    say(f"    enqueue_outcome(message) said status={duplicate.status!r}, holder={short(duplicate.holder)}: the first.")
+    say(
+        "  - The second delivery of evt_123 was dropped at send time. send() returned "
+        "normally, and"
+    )
+    say(
+        f"    enqueue_outcome(message) said status={duplicate.status!r}, "
+        f"holder={short(duplicate.holder)}: the first."
+    )
     say("  - evt_456 has a lock of its own and settled alongside evt_123.")
-    say("  - Once evt_123 was settled its lock was free, so the third delivery was enqueued and ran. The actor")
-    say("    found evt_123 settled already and changed nothing: keep your actors idempotent for this case.")
-    say("  - current_lock().token grows with every new holder: pass it along with your write, so the resource")
+    say(
+        "  - Once evt_123 was settled its lock was free, so the third delivery was "
+        "enqueued and ran. The actor"
+    )
+    say(
+        "    found evt_123 settled already and changed nothing: keep your actors "
+        "idempotent for this case."
+    )
+    say(
+        "  - current_lock().token grows with every new holder: pass it along with your "
+        "write, so the resource"
+    )
     say("    you write to can refuse a stale holder.")
 
     problems = []
     if duplicate.enqueued or duplicate.holder != first.message_id:
-        problems.append(f"the duplicate delivery of evt_123 was not dropped in favour of the first: {duplicate}")
+        problems.append(
+            "the duplicate delivery of evt_123 was not dropped in favour of the "
+            f"first: {duplicate}"
+        )
     if not later_outcome.enqueued:
         problems.append("the lock of evt_123 was still held after settlement")
     if sorted(ledger["settled"]) != ["evt_123", "evt_456"]:

@@ -1,6 +1,7 @@
-"""Enqueue once, run serialized: at most one report rebuild queued per customer, never two running.
+"""Enqueue once, run serialized: at most one report rebuild queued per customer, never
+two running.
 
-    python examples/enqueue_once_run_serialized.py   # set REDIS_URL to use your own server
+    python examples/enqueue_once_run_serialized.py   # REDIS_URL: your own server
 
 It touches only keys under ``example-enqueue-once:`` and deletes them at the end.
 """
@@ -22,7 +23,21 @@ unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX
 broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
-story = threading.Lock()  # one line at a time, each send's line before its message's lines
+
+# Drop a duplicate at send(): one queued copy is enough. Reschedule one that reaches a
+# worker while another copy runs: it was sent after that copy started, so it has work
+# to do.
+@dramatiq.actor(
+    lock="until_and_while_executing",
+    on_conflict={"client": "log", "server": "reschedule"},
+    reschedule_delay=300,  # ms; 5000 by default
+)
+def rebuild_report(customer_id):
+    build_the_report(customer_id)
+
+
+# What follows only tells the story, the same way on every run.
+story = threading.Lock()  # one line at a time, each send's line before its message's
 names = {}  # message_id -> A, B, C...: short names for the story
 rebuilds = []
 running = []  # the rebuilds running now
@@ -31,16 +46,14 @@ started = threading.Semaphore(0)
 may_finish = threading.Event()  # holds rebuild A until the story has moved on
 
 
-# Drop a duplicate at send(): one queued copy is enough. Reschedule one that reaches a worker while
-# another copy runs: it was sent after that copy started, so it has work to do.
-@dramatiq.actor(
-    lock="until_and_while_executing", on_conflict={"client": "log", "server": "reschedule"}, reschedule_delay=300
-)
-def rebuild_report(customer_id):
+def build_the_report(customer_id):
     global most_at_once
     with story:
         name = names[current_lock().message_id]
-        print(f"  {name} starts rebuilding the report of customer {customer_id}", flush=True)
+        print(
+            f"  {name} starts rebuilding the report of customer {customer_id}",
+            flush=True,
+        )
         rebuilds.append(name)
         running.append(name)
         most_at_once = max(most_at_once, len(running))
@@ -53,8 +66,8 @@ def rebuild_report(customer_id):
 
 def rescheduled(event):
     with story:
-        print(f"  {names[event.message_id]} met the run lock of {names[event.holders[0]]}:", end=" ")
-        print(f"rescheduled in {event.delay} ms, keeping its enqueue lock", flush=True)
+        met = f"{names[event.message_id]} met the run lock of {names[event.holders[0]]}"
+        print(f"  {met}: rescheduled in {event.delay} ms, keeping its enqueue lock")
     started.release()
 
 
@@ -66,8 +79,12 @@ def send(name):
         message = rebuild_report.send(7)
         names[message.message_id] = name
         outcome = enqueue_outcome(message)
-        held_by = "" if outcome.enqueued else f", the enqueue lock is held by {names[outcome.holder]}"
-        print(f"send rebuild_report(7) -> {name}: {outcome.status}{held_by}", flush=True)
+        held_by = ""
+        if not outcome.enqueued:
+            held_by = f", the enqueue lock is held by {names[outcome.holder]}"
+        print(
+            f"send rebuild_report(7) -> {name}: {outcome.status}{held_by}", flush=True
+        )
 
 
 def main():
@@ -79,8 +96,8 @@ def main():
         started.acquire(timeout=10)  # A runs: its enqueue lock became the run lock
         send("C")
         send("D")  # C waits in the queue: one copy is enough
-        started.acquire(timeout=10)  # C reached a worker while A runs, and was rescheduled
-        send("E")  # C is rescheduled holding its enqueue lock: still the only queued copy
+        started.acquire(timeout=10)  # C reached a worker while A runs: rescheduled
+        send("E")  # C was rescheduled with its enqueue lock: still the one queued copy
         with story:
             print("  A finishes", flush=True)
         may_finish.set()
@@ -90,7 +107,10 @@ def main():
         worker.stop()
         broker.close()
         delete_keys(PREFIX)
-    print(f"5 sends, {len(rebuilds)} rebuilds ({' then '.join(rebuilds)}), at most {most_at_once} at a time.")
+    order = " then ".join(rebuilds)
+    print(
+        f"5 sends, {len(rebuilds)} rebuilds ({order}), at most {most_at_once} at once."
+    )
 
 
 if __name__ == "__main__":

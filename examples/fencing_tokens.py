@@ -1,11 +1,12 @@
-"""Fencing tokens protecting a write: a sync whose lock lapsed while it waited for the bank cannot
-overwrite the balance that a newer sync saved meanwhile.
+"""Fencing tokens protecting a write: a sync whose lock lapsed while it waited for the
+bank cannot overwrite the balance that a newer sync saved meanwhile.
 
     python examples/fencing_tokens.py   # set REDIS_URL to use your own server
 
 It touches only keys under ``example-fencing:`` and deletes them at the end.
 """
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -28,7 +29,10 @@ dramatiq.set_broker(broker)
 
 # The resource the lock protects keeps the highest token it accepted next to the data.
 db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-db.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance TEXT, fence INTEGER NOT NULL DEFAULT 0)")
+db.execute(
+    "CREATE TABLE accounts"
+    " (id INTEGER PRIMARY KEY, balance TEXT, fence INTEGER NOT NULL DEFAULT 0)"
+)
 db.execute("INSERT INTO accounts (id, balance) VALUES (42, '0.00')")
 db_mutex = threading.Lock()
 
@@ -44,41 +48,53 @@ def save_balance(account_id, balance, token):
             (balance, token, account_id, token),
         )
     if cursor.rowcount == 0:
-        raise StaleLock(f"account {account_id}: token {token} is older than the last write")
+        raise StaleLock(f"token {token} is older than the last write to {account_id}")
 
 
-story = threading.Lock()  # one line at a time, each send's line before its message's lines
+# throws=(StaleLock,): a refused write is not retried; a newer holder did the work.
+@dramatiq.actor(lock="while_executing", lock_ttl=LOCK_TTL, throws=(StaleLock,))
+def sync_account_balance(account_id):
+    token = current_lock().token
+    balance = fetch_balance_from_bank(account_id)
+    with telling_the_story(balance):
+        save_balance(account_id, balance, token)
+
+
+# What follows only tells the story, the same way on every run.
+story = threading.Lock()  # one line at a time, each send's line before its message's
 names = {}  # message_id -> A, B
 tokens = {}  # name -> the token its run lock got
 started = {"A": threading.Event(), "B": threading.Event()}
 done = {"A": threading.Event(), "B": threading.Event()}
-bank_answers = {"A": threading.Event()}  # A's bank call hangs until the story lets it answer
+# A's bank call hangs until the story lets it answer.
+bank_answers = {"A": threading.Event()}
 
 
-def fetch_balance_from_bank(name):
+def fetch_balance_from_bank(account_id):
+    lock = current_lock()
+    with story:
+        name = names[lock.message_id]
+        tokens[name] = lock.token
+        calls = f"takes the run lock of account {account_id} and calls the bank"
+        print(f"  {name} {calls}", flush=True)
+    started[name].set()
     if name in bank_answers:
         bank_answers[name].wait(10)
         return "100.00"  # read before B's sync: stale by the time it arrives
     return "80.00"
 
 
-# throws=(StaleLock,): a refused write is not retried; a newer holder has done the work.
-@dramatiq.actor(lock="while_executing", lock_ttl=LOCK_TTL, throws=(StaleLock,))
-def sync_account_balance(account_id):
-    lock = current_lock()
-    with story:
-        name = names[lock.message_id]
-        tokens[name] = lock.token
-        print(f"  {name} takes the run lock of account {account_id} and calls the bank", flush=True)
-    started[name].set()
-    balance = fetch_balance_from_bank(name)
+@contextlib.contextmanager
+def telling_the_story(balance):
+    name = names[current_lock().message_id]
     try:
-        save_balance(account_id, balance, lock.token)
+        yield
         with story:
             print(f"  {name} saves balance {balance}", flush=True)
     except StaleLock:
         with story:
-            print(f"  {name}'s write of {balance} is refused: StaleLock, a newer holder wrote since", flush=True)
+            refused = "is refused: StaleLock, a newer holder wrote since"
+            print(f"  {name}'s write of {balance} {refused}", flush=True)
         raise
     finally:
         done[name].set()
@@ -98,9 +114,10 @@ def main():
         send("A")
         started["A"].wait(10)
         locks = Locks.from_middleware(unique)
-        while any(locks.list(actor="sync_account_balance")):  # until A's run lock has lapsed
+        while any(locks.list(actor="sync_account_balance")):  # until A's lock lapsed
             time.sleep(0.02)
-        print(f"  A's run lock lapses: lock_ttl ({LOCK_TTL} ms) ran out while A waits for the bank")
+        lapses = f"lock_ttl ({LOCK_TTL} ms) ran out while A waits for the bank"
+        print(f"  A's run lock lapses: {lapses}")
         send("B")
         done["B"].wait(10)
         bank_answers["A"].set()  # A's answer arrives at last
@@ -110,9 +127,11 @@ def main():
         worker.stop()
         broker.close()
         delete_keys(PREFIX)
-    balance, fence = db.execute("SELECT balance, fence FROM accounts WHERE id = 42").fetchone()
+    query = "SELECT balance, fence FROM accounts WHERE id = 42"
+    balance, fence = db.execute(query).fetchone()
     writer = next(name for name, token in tokens.items() if token == fence)
-    print(f"Tokens: A's is {'lower' if tokens['A'] < tokens['B'] else 'NOT lower'} than B's.", end=" ")
+    lower = "lower" if tokens["A"] < tokens["B"] else "NOT lower"
+    print(f"Tokens: A's is {lower} than B's.", end=" ")
     print(f"Account 42 keeps balance {balance}, written by {writer}.")
 
 

@@ -1,13 +1,15 @@
-"""A gevent worker: a CPU-bound job keeps its run lock while it keeps the gevent hub busy.
+"""A gevent worker: a CPU-bound job keeps its run lock while it keeps the gevent hub
+busy.
 
-    python examples/gevent_worker.py   # set REDIS_URL to use your own server; needs `pip install gevent`
+    pip install gevent
+    python examples/gevent_worker.py   # set REDIS_URL to use your own server
 
-This module is both the sender (run it) and the worker's module: it starts two ``dramatiq-gevent``
-processes on its own ``broker``, each with one greenlet. The first takes ``crunch("acct-1")``,
-which computes for three lease periods without yielding to the hub; the second takes each
-duplicate sent meanwhile. Every run records its start in Redis, so the count of runs and of runs
-at once comes from a record of its own. It touches only keys under ``example-gevent:`` and
-deletes them at the end.
+This module is both the sender (run it) and the worker's module: it starts two
+``dramatiq-gevent`` processes on its own ``broker``, each with one greenlet. The first
+takes ``crunch("acct-1")``, which computes for three lease periods without yielding to
+the hub; the second takes each duplicate sent meanwhile. Every run records its start in
+Redis, so the count of runs and of runs at once comes from a record of its own. It
+touches only keys under ``example-gevent:`` and deletes them at the end.
 """
 
 import os
@@ -29,7 +31,8 @@ PREFIX = "example-gevent"
 LEASE_PERIOD = 1500  # ms: a worker that stops renewing loses its run locks this soon
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
-# A plain redis:// URL: under gevent the leases are renewed from a native thread on connections of its own.
+# A plain redis:// URL: under gevent the leases are renewed from a native thread on
+# connections of its own.
 unique = UniqueJobs(
     backend=RedisBackend(url=redis_url()),
     lock_prefix=f"{PREFIX}:lock",
@@ -52,13 +55,13 @@ def crunch(account_id, seconds):
     # How many copies run now, counted apart from the lock.
     record.rpush(f"{PREFIX}:runs", record.incr(f"{PREFIX}:running"))
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:  # CPU-bound: the gevent hub of this process waits meanwhile
+    while time.monotonic() < deadline:  # CPU-bound: this process's gevent hub waits
         pass
     record.decr(f"{PREFIX}:running")
 
 
 def start_workers():
-    """``dramatiq-gevent gevent_worker:broker`` with two processes of one greenlet each."""
+    """``dramatiq-gevent gevent_worker:broker``: two processes of one greenlet each."""
     command = Path(sys.executable).with_name("dramatiq-gevent")
     here = str(Path(__file__).resolve().parent)
     env = {
@@ -79,7 +82,9 @@ def wait_for(condition, timeout=30):
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise TimeoutError("the dramatiq-gevent workers did not do their part in time")
+            raise TimeoutError(
+                "the dramatiq-gevent workers did not do their part in time"
+            )
         time.sleep(0.05)
 
 
@@ -91,11 +96,13 @@ def main():
         wait_for(lambda: sum(worker.alive for worker in locks.workers()[1]) == 2)
         print("Two dramatiq-gevent worker processes are up, one greenlet each.")
         crunch.send("acct-1", busy)
-        print(f"crunch('acct-1') computes for {busy} s, three times its lease_period of {LEASE_PERIOD} ms.")
+        three_times = f"three times its lease_period of {LEASE_PERIOD} ms"
+        print(f"crunch('acct-1') computes for {busy} s, {three_times}.")
         wait_for(lambda: record.llen(f"{PREFIX}:runs") == 1)
         started = time.monotonic()
-        # Each one after an unrenewed lease would have lapsed, and long enough before the run ends
-        # for the other worker process, which polls an empty queue up to once a second, to take it.
+        # Each one after an unrenewed lease would have lapsed, and long enough before
+        # the run ends for the other worker process, which polls an empty queue up to
+        # once a second, to take it.
         for at in (1.7, 2.2, 2.7):
             time.sleep(max(0.0, started + at - time.monotonic()))
             crunch.send("acct-1", 0)
@@ -105,7 +112,9 @@ def main():
         runs = [int(n) for n in record.lrange(f"{PREFIX}:runs", 0, -1)]
         print(f"crunch('acct-1') ran {len(runs)} time(s), at most {max(runs)} at once.")
     finally:
-        os.killpg(workers.pid, signal.SIGTERM)  # a warm shutdown: the workers leave the registry
+        os.killpg(
+            workers.pid, signal.SIGTERM
+        )  # a warm shutdown: the workers leave the registry
         workers.wait(30)
         broker.close()
         delete_keys(PREFIX)

@@ -1,5 +1,5 @@
-"""Keep the latest: while a push of a profile runs, 50 more edits end in exactly one more push,
-with the last version.
+"""Keep the latest: while a push of a profile runs, 50 more edits end in exactly one
+more push, with the last version.
 
     python examples/keep_the_latest.py   # set REDIS_URL to use your own server
 
@@ -19,9 +19,23 @@ from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
 PREFIX = "example-latest"
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
-broker.add_middleware(UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
+unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock")
+broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
+
+# Locked on the profile alone: while one push holds the lock, the newest edit waits as
+# its one successor.
+@dramatiq.actor(
+    lock="until_executed",
+    on_conflict="keep_latest",
+    lock_args_method=lambda profile_id, version: [profile_id],
+)
+def push_profile(profile_id, version):
+    push_to_the_crm(profile_id, version)
+
+
+# What follows only tells the story, the same way on every run.
 story = threading.Lock()  # one line at a time
 pushes = []  # the versions pushed, in the order the pushes started
 running = []  # the pushes running now
@@ -32,16 +46,12 @@ last_push_done = threading.Event()
 LAST = 51
 
 
-# Locked on the profile alone: while one push holds the lock, the newest edit waits as its one
-# successor.
-@dramatiq.actor(
-    lock="until_executed",
-    on_conflict="keep_latest",
-    lock_args_method=lambda profile_id, version: [profile_id],
-)
-def push_profile(profile_id, version):
+def push_to_the_crm(profile_id, version):
     with story:
-        print(f"  pushing version {version} of profile {profile_id} to the CRM", flush=True)
+        print(
+            f"  pushing version {version} of profile {profile_id} to the CRM",
+            flush=True,
+        )
         pushes.append(version)
         running.append(version)
         most_at_once[0] = max(most_at_once[0], len(running))
@@ -67,8 +77,10 @@ def main():
             names[message.message_id] = f"edit {version}"
             outcome = enqueue_outcome(message)
             if version in (2, 3, LAST):
-                replaced = f", took the place of {names[outcome.replaced]}" if outcome.replaced else ""
-                print(f"edit {version} of profile 7: {outcome.status}, position {outcome.position}{replaced}")
+                said = f"{outcome.status}, position {outcome.position}"
+                if outcome.replaced:
+                    said += f", took the place of {names[outcome.replaced]}"
+                print(f"edit {version} of profile 7: {said}")
             elif version == 4:
                 print("  ...")
         with story:
@@ -82,7 +94,9 @@ def main():
         broker.close()
         delete_keys(PREFIX)
     versions = ", ".join(map(str, pushes))
-    print(f"{LAST} edits, {len(pushes)} pushes (versions {versions}), at most {most_at_once[0]} at a time.")
+    most = most_at_once[0]
+    pushed = f"{len(pushes)} pushes (versions {versions})"
+    print(f"{LAST} edits, {pushed}, at most {most} at a time.")
 
 
 if __name__ == "__main__":

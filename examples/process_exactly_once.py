@@ -1,4 +1,5 @@
-"""Process exactly once: a payment event is settled once, however often the provider delivers it.
+"""Process exactly once: a payment event is settled once, however often the provider
+delivers it.
 
     python examples/process_exactly_once.py   # set REDIS_URL to use your own server
 
@@ -18,47 +19,66 @@ from dramatiq_unique import RedisBackend, UniqueJobs, current_lock, enqueue_outc
 PREFIX = "example-once"
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
-broker.add_middleware(UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
+unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock")
+broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
 settled = {}  # event_id -> payload: stands for your payments table
-tokens = {}  # message_id -> the fencing token its send() got
-names = {}  # message_id -> "delivery 1", ...
-story = threading.Lock()  # one line at a time, each send's line before its message's lines
-running = threading.Event()
-may_finish = threading.Event()  # holds the first settlement until the provider has delivered again
 
 
-# Only the event id decides uniqueness: the payload may differ between deliveries.
 @dramatiq.actor(
     queue_name="payments",
     lock="until_executed",
+    # Only the event id decides uniqueness: the payload may differ between deliveries.
     lock_args_method=lambda event_id, payload: [event_id],
 )
 def settle_payment(event_id, payload):
-    lock = current_lock()
+    if event_id in settled:  # idempotent: a later delivery changes nothing
+        delivery = payload["delivery"]
+        say(f"  {event_id} (delivery {delivery}) is settled already: nothing to do")
+        return
+    call_the_payment_provider(event_id, payload)
+    settled[event_id] = payload
+
+
+# What follows only tells the story, the same way on every run.
+tokens = {}  # message_id -> the fencing token its send() got
+names = {}  # message_id -> "delivery 1", ...
+# One line at a time, each send's line before its message's lines.
+story = threading.RLock()
+running = threading.Event()
+# Holds the first settlement until the provider has delivered again.
+may_finish = threading.Event()
+
+
+def say(line):
     with story:
-        if event_id in settled:  # idempotent: a later delivery of a settled event changes nothing
-            print(f"  {event_id} (delivery {payload['delivery']}) is settled already: nothing to do", flush=True)
-            return
-        same = "the same" if lock.token == tokens[lock.message_id] else "ANOTHER"
-        print(f"  settling {event_id} (delivery {payload['delivery']}), holding {same} lock token", flush=True)
+        print(line, flush=True)
+
+
+def call_the_payment_provider(event_id, payload):
+    lock = current_lock()
+    same = "the same" if lock.token == tokens[lock.message_id] else "ANOTHER"
+    delivery = payload["delivery"]
+    say(f"  settling {event_id} (delivery {delivery}), holding {same} lock token")
     running.set()
     may_finish.wait(10)  # stands for the call to the payment provider
-    settled[event_id] = payload
 
 
 def deliver(event_id, delivery):
     with story:
-        message = settle_payment.send(event_id, {"amount": "120.00", "delivery": delivery})
-        outcome = enqueue_outcome(message)
+        # [docs: send] (the lines its page shows)
+        payload = {"amount": "120.00", "delivery": delivery}
+        message = settle_payment.send(event_id, payload)
+        outcome = enqueue_outcome(message)  # send() returns normally, enqueued or not
+        # [docs: end]
         names[message.message_id] = f"delivery {delivery}"
         if outcome.enqueued:
             tokens[message.message_id] = outcome.token
-            print(f"webhook {event_id}, delivery {delivery}: enqueued, lock token {outcome.token}", flush=True)
+            said = f"enqueued, lock token {outcome.token}"
         else:  # not enqueued; send() returned normally
-            print(f"webhook {event_id}, delivery {delivery}: {outcome.status},", end=" ")
-            print(f"the lock is held by {names[outcome.holder]}", flush=True)
+            said = f"{outcome.status}, the lock is held by {names[outcome.holder]}"
+        say(f"webhook {event_id}, delivery {delivery}: {said}")
     return message
 
 
@@ -86,7 +106,10 @@ def main():
         worker.stop()
         broker.close()
         delete_keys(PREFIX)
-    print("Settled:", ", ".join(f"{event_id} (delivery {p['delivery']})" for event_id, p in sorted(settled.items())))
+    deliveries = (
+        f"{event} (delivery {p['delivery']})" for event, p in sorted(settled.items())
+    )
+    print("Settled:", ", ".join(deliveries))
 
 
 if __name__ == "__main__":

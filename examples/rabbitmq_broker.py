@@ -1,11 +1,12 @@
-"""RabbitMQ carries the messages, a Redis of its own keeps the locks; the orphan reaper frees the
-enqueue lock of a message lost from its queue.
+"""RabbitMQ carries the messages, a Redis of its own keeps the locks; the orphan reaper
+frees the enqueue lock of a message lost from its queue.
 
-    python examples/rabbitmq_broker.py   # RABBITMQ_URL names your RabbitMQ (default: the guest
-                                         # account on 127.0.0.1:5672); set REDIS_URL to use your own Redis
+    python examples/rabbitmq_broker.py
 
-It uses the queues ``example-rabbitmq.reports`` (with ``.DQ`` and ``.XQ``) and the Redis keys under
-``example-rabbitmq:``, and deletes both at the end.
+RABBITMQ_URL names your RabbitMQ (default: the guest account on 127.0.0.1:5672); set
+REDIS_URL to use your own Redis. It uses the queues ``example-rabbitmq.reports`` (with
+``.DQ`` and ``.XQ``) and the Redis keys under ``example-rabbitmq:``, and deletes both at
+the end.
 """
 
 import os
@@ -25,12 +26,16 @@ from dramatiq_unique import Locks, RedisBackend, UniqueJobs, enqueue_outcome
 
 PREFIX = "example-rabbitmq"
 QUEUE = f"{PREFIX}.reports"
-#: The reaper leaves an enqueue lock younger than 10 s alone (its message may be on its way to the
-#: broker): it is asked about an older one here, as it would be in production.
+#: The reaper leaves an enqueue lock younger than 10 s alone (its message may be on its
+#: way to the broker): it is asked about an older one here, as it would be in
+#: production.
 REAPER_MIN_AGE = 10.5
 
-broker = RabbitmqBroker(url=os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"))
-# RabbitMQ has no Redis to lend: the locks go to a Redis named here (or by DRAMATIQ_UNIQUE_URL).
+broker = RabbitmqBroker(
+    url=os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+)
+# RabbitMQ has no Redis to lend: the locks go to a Redis named here (or by
+# DRAMATIQ_UNIQUE_URL).
 unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock")
 broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
@@ -44,13 +49,36 @@ def build_report(day):
 
 
 def dramatiq_unique(*arguments, tail=None):
-    """The ``dramatiq-unique`` command, with this module as the application; its last ``tail`` lines."""
+    """The ``dramatiq-unique`` command, with this module as the application."""
     env = {**os.environ, "REDIS_URL": redis_url()}
-    command = [sys.executable, "-m", "dramatiq_unique", "--app", "rabbitmq_broker", *arguments]
-    shown = " ".join(f"'{argument}'" if argument.startswith("[") else argument for argument in arguments)
-    print(f"$ dramatiq-unique --app rabbitmq_broker {shown}" + (f" | tail -n {tail}" if tail else ""))
-    done = subprocess.run(command, cwd=Path(__file__).parent, env=env, capture_output=True, text=True, check=True)
-    print("\n".join(done.stdout.splitlines()[-tail if tail else 0 :]))
+    command = [
+        sys.executable,
+        "-m",
+        "dramatiq_unique",
+        "--app",
+        "rabbitmq_broker",
+        *arguments,
+    ]
+    shown = " ".join(
+        f"'{argument}'" if argument.startswith("[") else argument
+        for argument in arguments
+    )
+    print(
+        f"$ dramatiq-unique --app rabbitmq_broker {shown}"
+        + (f" | tail -n {tail}" if tail else "")
+    )
+    done = subprocess.run(
+        command,
+        cwd=Path(__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for line in done.stdout.splitlines()[-tail if tail else 0 :]:
+        # The reaper's report is one long line: printed in two here, to fit the page.
+        first, sep, rest = line.partition(" and released ")
+        print(f"{first}\n  {sep.strip()} {rest}" if sep else line)
 
 
 def main():
@@ -60,12 +88,17 @@ def main():
         print(f"build_report.send('2024-01-01'): {enqueue_outcome(lost).status}")
         broker.flush(QUEUE)  # the message is lost: a purged queue, a deleted queue...
         again = enqueue_outcome(build_report.send("2024-01-01"))
-        print(f"sent again after its queue was purged: {again.status}, held by it: {again.holder == lost.message_id}")
+        held = again.holder == lost.message_id
+        print(
+            f"sent again after its queue was purged: {again.status}, held by it: {held}"
+        )
         time.sleep(max(0.0, sent_at + REAPER_MIN_AGE - time.monotonic()))
-        # In production the workers send the reaper actor every reaper_interval; here it runs once, by hand.
-        # The queue and its delay queue have no message waiting, and no worker holds the message: it is gone.
+        # In production the workers send the reaper actor every reaper_interval; here it
+        # runs once, by hand. The queue and its delay queue have no message waiting, and
+        # no worker holds the message: it is gone.
         dramatiq_unique("reap")
-        print(f"after the reaper, sent again: {enqueue_outcome(build_report.send('2024-01-01')).status}")
+        after = enqueue_outcome(build_report.send("2024-01-01"))
+        print(f"after the reaper, sent again: {after.status}")
         worker = Worker(broker, worker_threads=1, worker_timeout=100)
         worker.start()
         try:
@@ -73,7 +106,8 @@ def main():
             worker.join()
         finally:
             worker.stop()
-        print(f"built: {', '.join(built)}; locks left: {len(list(Locks.from_middleware(unique).list()))}")
+        left = len(list(Locks.from_middleware(unique).list()))
+        print(f"built: {', '.join(built)}; locks left: {left}")
     finally:
         for name in (QUEUE, dq_name(QUEUE), xq_name(QUEUE)):
             broker.channel.queue_delete(name)

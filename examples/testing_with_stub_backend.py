@@ -1,6 +1,6 @@
-"""Testing your actors with StubBackend: unit tests of locked actors with no Redis at all.
+"""Testing your actors with StubBackend: unit tests of locked actors with no Redis.
 
-    python examples/testing_with_stub_backend.py          # runs the tests below with pytest
+    python examples/testing_with_stub_backend.py   # runs the tests below with pytest
     python -m pytest examples/testing_with_stub_backend.py
 
 In your project the broker setup lives in its own module and the tests in tests/; see
@@ -35,7 +35,9 @@ sync_may_finish = threading.Event()
 
 
 @dramatiq.actor(
-    queue_name="payments", lock="until_executed", lock_args_method=lambda event_id, payload=None: [event_id]
+    queue_name="payments",
+    lock="until_executed",
+    lock_args_method=lambda event_id, payload=None: [event_id],
 )
 def settle_payment(event_id, payload=None):
     attempts.append((event_id, current_lock().token))
@@ -51,7 +53,7 @@ def sync_account_balance(account_id):
     sync_may_finish.wait(5)
 
 
-# The fixtures ------------------------------------------------------------------------------
+# The fixtures -------------------------------------------------------------------------
 
 
 @pytest.fixture(autouse=True)
@@ -81,11 +83,11 @@ def start_worker():
 
 
 def run_until_done(worker, actor):
-    broker.join(actor.queue_name)  # every message processed, delayed ones (retries) included
-    worker.join()  # and the worker idle: the locks have been released too
+    broker.join(actor.queue_name)  # every message processed, retries included
+    worker.join()  # and the worker idle
 
 
-# The tests ---------------------------------------------------------------------------------
+# The tests ----------------------------------------------------------------------------
 
 
 def test_a_second_delivery_is_not_enqueued():
@@ -101,7 +103,8 @@ def test_a_second_delivery_is_not_enqueued():
 def test_the_event_is_settled_once_then_the_lock_lifts(start_worker):
     settle_payment.send("evt_123")
     settle_payment.send("evt_123")
-    worker = start_worker()  # after the sends: else the first might be done before the second
+    # After the sends: else the first might be done before the second is sent.
+    worker = start_worker()
     run_until_done(worker, settle_payment)
 
     assert settled == ["evt_123"]
@@ -110,7 +113,9 @@ def test_the_event_is_settled_once_then_the_lock_lifts(start_worker):
 
 def test_a_retry_keeps_the_lock_and_its_token(start_worker):
     # Retries waits 15 s before a first retry by default; a test wants milliseconds.
-    first = settle_payment.send_with_options(args=("evt_123", "fail once"), min_backoff=10, max_backoff=10)
+    first = settle_payment.send_with_options(
+        args=("evt_123", "fail once"), min_backoff=10, max_backoff=10
+    )
     worker = start_worker()
     run_until_done(worker, settle_payment)
 
@@ -126,16 +131,16 @@ def test_a_copy_that_starts_while_another_runs_is_dropped(start_worker):
         worker = start_worker()
         first = sync_account_balance.send(42)
         assert sync_started.wait(5)  # the first copy runs and holds the run lock
-        second = sync_account_balance.send(42)  # queued: while_executing takes nothing at send()
+        # Queued: while_executing takes nothing at send().
+        second = sync_account_balance.send(42)
         wait_for(lambda: conflicts)
         sync_may_finish.set()
         run_until_done(worker, sync_account_balance)
     finally:
         unique.unsubscribe("conflict", conflicts.append)
 
-    assert [(event.message_id, event.side, event.holders) for event in conflicts] == [
-        (second.message_id, "server", (first.message_id,))
-    ]
+    seen = [(event.message_id, event.side, event.holders) for event in conflicts]
+    assert seen == [(second.message_id, "server", (first.message_id,))]
     assert syncs == [first.message_id]
 
 
@@ -147,4 +152,15 @@ def wait_for(condition, timeout=5.0):
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider", "-o", "console_output_style=classic"]))
+    sys.exit(
+        pytest.main(
+            [
+                __file__,
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-o",
+                "console_output_style=classic",
+            ]
+        )
+    )

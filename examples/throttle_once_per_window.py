@@ -1,5 +1,5 @@
-"""Throttle to once per window: at most one digest email per user per window, however often it
-is triggered. The window is one day in real life, one second here.
+"""Throttle to once per window: at most one digest email per user per window, however
+often it is triggered. The window is one day in real life, one second here.
 
     python examples/throttle_once_per_window.py   # set REDIS_URL to use your own server
 
@@ -21,15 +21,22 @@ PREFIX = "example-throttle"
 WINDOW = 1000  # ms; 24 * 60 * 60 * 1000 for once a day
 
 broker = RedisBroker(url=redis_url(), namespace=f"{PREFIX}:broker")
-broker.add_middleware(UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock"), before=TimeLimit)
+unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX}:lock")
+broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
-
-story = threading.Lock()  # one line at a time, each send's line before its message's lines
-names = {}  # message_id -> A, B, C...: short names for the story
 
 
 @dramatiq.actor(lock="until_expired", lock_ttl=WINDOW)
 def send_daily_digest(user_id):
+    email_the_digest(user_id)
+
+
+# What follows only tells the story, the same way on every run.
+story = threading.Lock()  # one line at a time, each send's line before its message's
+names = {}  # message_id -> A, B, C...: short names for the story
+
+
+def email_the_digest(user_id):
     with story:
         print(f"  emailing user {user_id} their digest", flush=True)
 
@@ -39,8 +46,10 @@ def trigger(name, user_id):
         message = send_daily_digest.send(user_id)
         names[message.message_id] = name
         outcome = enqueue_outcome(message)
-        held_by = "" if outcome.enqueued else f", the lock is held by {names[outcome.holder]}"
-        print(f"send_daily_digest.send({user_id}) -> {name}: {outcome.status}{held_by}", flush=True)
+        said = outcome.status
+        if not outcome.enqueued:
+            said += f", the lock is held by {names[outcome.holder]}"
+        print(f"send_daily_digest.send({user_id}) -> {name}: {said}", flush=True)
 
 
 def wait_until_sent(worker):

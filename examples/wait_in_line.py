@@ -1,5 +1,6 @@
-"""Wait in line: the postings to one account's ledger run one at a time, in the order they were
-sent, and none is dropped; one more than the line holds goes to the dead-letter queue.
+"""Wait in line: the postings to one account's ledger run one at a time, in the order
+they were sent, and none is dropped; one more than the line holds goes to the
+dead-letter queue.
 
     python examples/wait_in_line.py   # set REDIS_URL to use your own server
 
@@ -24,15 +25,9 @@ unique = UniqueJobs(backend=RedisBackend(url=redis_url()), lock_prefix=f"{PREFIX
 broker.add_middleware(unique, before=TimeLimit)
 dramatiq.set_broker(broker)
 
-story = threading.Lock()  # one line at a time
-runs = []  # (posting, start, end) of every posting that ran, in monotonic seconds
-running = []  # the postings running now
-most_at_once = [0]
-all_posted = threading.Semaphore(0)
 
-
-# Locked on the account alone: a posting that finds one queued or running for its account waits
-# in the lock's line, four at most.
+# Locked on the account alone: a posting that finds one queued or running for its
+# account waits in the lock's line, four at most.
 @dramatiq.actor(
     lock="until_executed",
     on_conflict="wait",
@@ -40,6 +35,18 @@ all_posted = threading.Semaphore(0)
     lock_args_method=lambda account_id, posting, amount: [account_id],
 )
 def post_to_ledger(account_id, posting, amount):
+    write_to_the_ledger(account_id, posting, amount)
+
+
+# What follows only tells the story, the same way on every run.
+story = threading.Lock()  # one line at a time
+runs = []  # (posting, start, end) of every posting that ran, in monotonic seconds
+running = []  # the postings running now
+most_at_once = [0]
+all_posted = threading.Semaphore(0)
+
+
+def write_to_the_ledger(account_id, posting, amount):
     with story:
         started = time.monotonic()
         print(f"  {posting} posts {amount:+} to account {account_id}", flush=True)
@@ -65,17 +72,22 @@ def main():
             all_posted.acquire(timeout=10)
         broker.join(post_to_ledger.queue_name, timeout=10_000)
         worker.join()
-        dead = broker.client.hvals(f"{broker.namespace}:{post_to_ledger.queue_name}.XQ.msgs")
+        dead_letter_queue = f"{broker.namespace}:{post_to_ledger.queue_name}.XQ.msgs"
+        dead = broker.client.hvals(dead_letter_queue)
         dead_letters = [dramatiq.Message.decode(payload).args[1] for payload in dead]
     finally:
         worker.stop()
         broker.close()
         delete_keys(PREFIX)
     order = " ".join(posting for posting, _, _ in runs)
-    gaps = [later[1] - earlier[2] for earlier, later in zip(runs, runs[1:], strict=False)]
-    print(f"Account 42: {len(runs)} postings ({order}), at most {most_at_once[0]} at a time.")
+    gaps = [
+        later[1] - earlier[2] for earlier, later in zip(runs, runs[1:], strict=False)
+    ]
+    most = most_at_once[0]
+    print(f"Account 42: {len(runs)} postings ({order}), at most {most} at a time.")
     print(f"In the dead-letter queue: {', '.join(dead_letters) or 'nothing'}.")
-    print(f"From the end of one posting to the start of the next: {max(gaps) * 1000:.0f} ms at most.")
+    gap = f"{max(gaps) * 1000:.0f} ms"
+    print(f"From the end of one posting to the start of the next: {gap} at most.")
 
 
 if __name__ == "__main__":

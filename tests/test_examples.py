@@ -1,8 +1,9 @@
 """Every example under examples/ runs against a real Redis and prints what its page says it prints.
 
 Each ``examples/<name>.py`` has its output next to it in ``examples/<name>.expected``, which its
-use-case page includes. A word in angle brackets there, like ``<seconds>``, stands for a part that
-changes from run to run: it matches any text within its line.
+page includes, with the actor it shows first taken from the same file. A word in angle
+brackets there, like ``<seconds>``, stands for a part that changes from run to run: it matches
+any text within its line.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ PLACEHOLDER = re.compile(r"<[a-z][a-z ]*>")
 #: Examples whose messages go through RabbitMQ: like tests/test_rabbitmq.py, they skip where RabbitMQ is
 #: not running, except in CI.
 NEEDS_RABBITMQ = {"rabbitmq_broker"}
+#: The width of the code on the documentation's pages.
+PAGE_WIDTH = 88
 
 
 def line_pattern(expected: str) -> re.Pattern[str]:
@@ -73,6 +76,19 @@ def test_placeholders_match_within_a_line_only():
 def test_every_example_states_its_output():
     scripts = {path.stem for path in EXAMPLES.glob("*.py")} - {"demo", "redis_for_examples"}
     assert scripts == set(NAMES), "every example needs an .expected file, and every .expected file an example"
+
+
+def test_the_examples_fit_the_page_width():
+    # The pages show the examples and their output: 88 characters a line, as ruff checks
+    # for the code (examples/ruff.toml). A placeholder like <token> counts as written.
+    files = [*EXAMPLES.glob("*.py"), *EXAMPLES.glob("*.expected"), *(EXAMPLES / "django_shop").rglob("*.py")]
+    too_long = [
+        f"{path.relative_to(EXAMPLES)}:{number}: {len(line)} characters"
+        for path in sorted(files)
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if len(line) > PAGE_WIDTH
+    ]
+    assert too_long == []
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,4 +1,5 @@
-"""The shop's actors: a receipt is sent once per order, however often it is asked for."""
+"""The shop's actors: a receipt is sent once per order, however often it is asked
+for."""
 
 import dramatiq
 from django.conf import settings

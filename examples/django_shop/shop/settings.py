@@ -1,4 +1,5 @@
-"""The example shop's settings, on a RedisBroker: its locks live on the broker's Redis."""
+"""The example shop's settings, on a RedisBroker: its locks live on the broker's
+Redis."""
 
 import os
 from pathlib import Path
@@ -6,7 +7,9 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = "only-for-the-example"
 INSTALLED_APPS = ["django_dramatiq", "orders"]
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "db.sqlite3"}}
+DATABASES = {
+    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "db.sqlite3"}
+}
 USE_TZ = True
 
 DRAMATIQ_BROKER = {
@@ -14,7 +17,8 @@ DRAMATIQ_BROKER = {
     "OPTIONS": {"url": os.environ.get("REDIS_URL", "redis://localhost:6379/0")},
     "MIDDLEWARE": [
         "dramatiq.middleware.AgeLimit",
-        # Ahead of TimeLimit and Retries: it sees Retries' verdict, and no time limit cuts its calls short.
+        # Ahead of TimeLimit and Retries: it sees Retries' verdict, and no time limit
+        # cuts its calls short.
         "dramatiq_unique.UniqueJobs",
         "dramatiq.middleware.TimeLimit",
         "dramatiq.middleware.Callbacks",

@@ -1,4 +1,5 @@
-"""``manage.py send_receipt ORDER_ID...``: ask for receipts, and say what each send() did."""
+"""``manage.py send_receipt ORDER_ID...``: ask for receipts, and say what each send()
+did."""
 
 from typing import Any
 
