@@ -425,7 +425,8 @@ def declare_reap(subparsers: Subparsers) -> None:
         "reap",
         help="run the orphan reaper once",
         description="Release the run locks of dead workers and, with --app, the enqueue locks whose message no "
-        "longer exists in the broker (RedisBroker, StubBroker). One reaper runs at a time across the deployment.",
+        "longer exists in the broker (RedisBroker, RabbitmqBroker, StubBroker). One reaper runs at a time across "
+        "the deployment.",
     )
     parser.add_argument("--max-passes", type=_positive, metavar="N", help="at most N bounded batches")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -638,7 +639,9 @@ def make_argument_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=HELP_EPILOG,
     )
-    parser.add_argument("--url", help="the Redis URL of the locks (default: $DRAMATIQ_UNIQUE_URL, else $REDIS_URL)")
+    parser.add_argument(
+        "--url", help="the Redis URL of the locks (default: $DRAMATIQ_UNIQUE_URL, else --app's, else $REDIS_URL)"
+    )
     parser.add_argument(
         "--prefix",
         action="append",

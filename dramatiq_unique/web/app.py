@@ -117,7 +117,7 @@ class LocksWebApp:
         when it returns True may the request unlock. ``None`` lets every
         request unlock when ``allow_unlock`` is set.
       broker(dramatiq.Broker): The broker, to tell whether a queued holder's message
-        is still in it (RedisBroker, StubBroker).
+        is still in it (RedisBroker, RabbitmqBroker, StubBroker).
       middleware(UniqueJobs): The middleware of the application, to say what
         a new send would meet and how old a worker's heartbeat is.
       secret(bytes): The key of the CSRF tokens; random per application when
