@@ -10,17 +10,19 @@ the end.
 """
 
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import dramatiq
 from dramatiq import Worker
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.common import dq_name, xq_name
 from dramatiq.middleware import TimeLimit
-from redis_for_examples import delete_keys, redis_url
+from redis_for_examples import (
+    delete_keys,
+    dramatiq_unique_command,
+    fit_the_page,
+    redis_url,
+)
 
 from dramatiq_unique import Locks, RedisBackend, UniqueJobs, enqueue_outcome
 
@@ -50,15 +52,6 @@ def build_report(day):
 
 def dramatiq_unique(*arguments, tail=None):
     """The ``dramatiq-unique`` command, with this module as the application."""
-    env = {**os.environ, "REDIS_URL": redis_url()}
-    command = [
-        sys.executable,
-        "-m",
-        "dramatiq_unique",
-        "--app",
-        "rabbitmq_broker",
-        *arguments,
-    ]
     shown = " ".join(
         f"'{argument}'" if argument.startswith("[") else argument
         for argument in arguments
@@ -67,18 +60,9 @@ def dramatiq_unique(*arguments, tail=None):
         f"$ dramatiq-unique --app rabbitmq_broker {shown}"
         + (f" | tail -n {tail}" if tail else "")
     )
-    done = subprocess.run(
-        command,
-        cwd=Path(__file__).parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    for line in done.stdout.splitlines()[-tail if tail else 0 :]:
-        # The reaper's report is one long line: printed in two here, to fit the page.
-        first, sep, rest = line.partition(" and released ")
-        print(f"{first}\n  {sep.strip()} {rest}" if sep else line)
+    lines = dramatiq_unique_command("rabbitmq_broker", *arguments)
+    for line in lines[-tail if tail else 0 :]:
+        print(fit_the_page(line))
 
 
 def main():

@@ -11,16 +11,17 @@ behind, and one run of the command, as cron would start it, frees the lock. It t
 only keys under ``example-cron:`` and deletes them at the end.
 """
 
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import TimeLimit
-from redis_for_examples import delete_keys, redis_url
+from redis_for_examples import (
+    delete_keys,
+    dramatiq_unique_command,
+    fit_the_page,
+    redis_url,
+)
 
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
 
@@ -40,21 +41,6 @@ def build_report(day):
     pass
 
 
-def reap():
-    """What cron runs; REDIS_URL tells the command's import of this module where Redis
-    is."""
-    env = {**os.environ, "REDIS_URL": redis_url()}
-    command = [sys.executable, "-m", "dramatiq_unique", "--app", "reaper_cron", "reap"]
-    return subprocess.run(
-        command,
-        cwd=Path(__file__).parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-
-
 def main():
     try:
         lost = build_report.send("2024-01-01")
@@ -67,10 +53,9 @@ def main():
         )
         time.sleep(REAPER_MIN_AGE)
         print("$ dramatiq-unique --app reaper_cron reap")
-        for line in reap().stdout.splitlines():
-            # The reaper's report is one long line: printed in two, to fit the page.
-            first, sep, rest = line.partition(" and released ")
-            print(f"{first}\n  {sep.strip()} {rest}" if sep else line)
+        # What cron runs.
+        for line in dramatiq_unique_command("reaper_cron", "reap"):
+            print(fit_the_page(line))
         after = enqueue_outcome(build_report.send("2024-01-01"))
         print(f"sent again after the reaper ran: {after.status}")
     finally:

@@ -20,7 +20,7 @@ from dramatiq import Worker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import TimeLimit
 from periodiq import PeriodiqMiddleware, Scheduler, cron
-from redis_for_examples import delete_keys, redis_url
+from redis_for_examples import delete_keys, fit_the_page, redis_url
 
 from dramatiq_unique import RedisBackend, UniqueJobs
 
@@ -40,8 +40,7 @@ class PageWidth(logging.Formatter):
     """The reaper's report is one long line: printed in two here, to fit the page."""
 
     def format(self, record):
-        first, sep, rest = super().format(record).partition(" and released ")
-        return f"{first}\n         {sep.strip()} {rest}" if sep else first
+        return fit_the_page(super().format(record), indent="         ")
 
 
 def main():

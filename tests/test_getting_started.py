@@ -18,9 +18,8 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
+from .support import wait_for
 from .test_examples import EXAMPLES, PLACEHOLDER
 
 HERE = EXAMPLES / "getting_started"
@@ -115,13 +114,6 @@ def run(name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
-        time.sleep(0.1)
-
-
 def queued_message_ids(redis_client) -> list[str]:
     """The message_ids in the default queue of the page's broker (namespace ``dramatiq``)."""
     return sorted(json.loads(data)["message_id"] for data in redis_client.hvals("dramatiq:default.msgs"))
@@ -165,7 +157,7 @@ def test_the_steps_of_the_getting_started_page(redis_url, redis_client, tmp_path
                 command, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         try:
-            wait_for(lambda: RAN in log_path.read_text(), 30, "the worker to run the message")
+            wait_for(lambda: RAN in log_path.read_text(), timeout=30)  # the worker ran the message
             # explain again: the lock is free once the actor has returned, a moment after its print.
             attempts = []
 
@@ -173,7 +165,7 @@ def test_the_steps_of_the_getting_started_page(redis_url, redis_client, tmp_path
                 attempts.append(run("explain_free", env))
                 return not page.mismatches("explain_free", attempts[-1].stdout)
 
-            wait_for(explained_free, 10, "explain to say the lock is free")
+            wait_for(explained_free, timeout=10)
             page.assert_prints("explain_free", attempts[-1])
         finally:
             worker.send_signal(signal.SIGTERM)
