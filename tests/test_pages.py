@@ -33,18 +33,26 @@ def name(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
+def lines_by_block(text: str) -> list[tuple[str | None, str]]:
+    """Each line of a page inside a fenced block (a code block or a directive), with the
+    block's opening line, or outside any, with None. The fences themselves are left out."""
+    found: list[tuple[str | None, str]] = []
+    opening, fence = None, ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        marker = FENCE.match(stripped)
+        if opening is None and marker:
+            opening, fence = stripped, marker.group(1)[0] * 3
+        elif opening is not None and stripped.startswith(fence) and stripped.strip(fence[0]) == "":
+            opening = None
+        else:
+            found.append((opening, line))
+    return found
+
+
 def prose_lines(text: str) -> list[str]:
     """The lines of a page outside its fenced blocks (code, directives)."""
-    lines, fence = [], None
-    for line in text.splitlines():
-        marker = FENCE.match(line.strip())
-        if fence is None and marker:
-            fence = marker.group(1)[0] * 3
-        elif fence is not None and line.strip().startswith(fence) and line.strip().strip(fence[0]) == "":
-            fence = None
-        elif fence is None:
-            lines.append(line)
-    return lines
+    return [line for opening, line in lines_by_block(text) if opening is None]
 
 
 def sentences(text: str) -> list[str]:
@@ -100,18 +108,14 @@ def test_a_long_page_says_why_in_its_first_paragraph():
 
 
 def fenced_code_lines(text: str) -> list[str]:
-    lines, fence, directive = [], None, False
-    for line in text.splitlines():
-        stripped = line.strip()
-        marker = FENCE.match(stripped)
-        if fence is None and marker:
-            fence = marker.group(1)[0] * 3
-            directive = stripped.lstrip("`:").startswith("{") and not stripped.lstrip("`").startswith("{code")
-        elif fence is not None and stripped.startswith(fence) and stripped.strip(fence[0]) == "":
-            fence = None
-        elif fence is not None and not directive:
-            lines.append(line)
-    return lines
+    """The lines of a page's code blocks: not of its directives (a toctree, an image), except
+    {code-block}."""
+
+    def is_code(opening: str) -> bool:
+        info = opening.lstrip("`:")
+        return not info.startswith("{") or info.startswith("{code")
+
+    return [line for opening, line in lines_by_block(text) if opening is not None and is_code(opening)]
 
 
 INCLUDE = re.compile(r"^```\{literalinclude\}\s+(\S+)\n((?::[\w-]+:.*\n)*)", re.MULTILINE)
