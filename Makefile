@@ -3,7 +3,12 @@
 
 PYTHON ?= python3
 VENV ?= .venv
+# The oldest versions run on the Python given here (CI gives the oldest the package claims).
+OLDEST_PYTHON ?= $(PYTHON)
 OLDEST_VENV ?= .venv-oldest
+# pytest-xdist workers, each with a redis-server of its own. The tests mostly wait (for servers,
+# worker processes, leases), so more workers than cores: 6 on CI's two cores.
+TEST_WORKERS ?= 6
 
 .PHONY: demo test test-oldest bench lint docs clean
 
@@ -14,12 +19,15 @@ test: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict -p dramatiq_unique
 	$(VENV)/bin/mypy --strict tests/typing/user_code.py
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
-# The tests once more, against the oldest versions pyproject.toml claims (.ci/oldest-versions.txt).
+# The type check and the tests once more, against the oldest versions pyproject.toml claims
+# (.ci/oldest-versions.txt), without the tests that read only this checkout's files.
 test-oldest: $(OLDEST_VENV)/.test
-	$(OLDEST_VENV)/bin/python -c "import dramatiq, redis; print('dramatiq', dramatiq.__version__, 'redis-py', redis.__version__)"
-	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(OLDEST_VENV)/bin/python -c "import sys, dramatiq, redis; print('Python', sys.version.split()[0], 'dramatiq', dramatiq.__version__, 'redis-py', redis.__version__)"
+	$(OLDEST_VENV)/bin/mypy --strict -p dramatiq_unique
+	$(OLDEST_VENV)/bin/mypy --strict tests/typing/user_code.py
+	$(OLDEST_VENV)/bin/python -m pytest -n $(TEST_WORKERS) -m "not version_independent" $(PYTEST_ARGS)
 
 # Every figure of docs/performance.md from one run, with the machine it ran on (a few minutes).
 bench: $(VENV)/.bench
@@ -55,7 +63,7 @@ $(VENV)/.bench: $(VENV)/.test
 	touch $@
 
 $(OLDEST_VENV)/.test: pyproject.toml .ci/oldest-versions.txt
-	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(OLDEST_VENV)/bin/python -m pip install --quiet -c .ci/oldest-versions.txt -e '.[test]'
 	touch $@

@@ -12,6 +12,7 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 
 import dramatiq
 import pika
@@ -23,7 +24,7 @@ from dramatiq.brokers.stub import StubBroker
 from pytest_redis import factories
 
 from dramatiq_unique import RedisBackend, StubBackend, UniqueJobs
-from dramatiq_unique.runtime import PERIODIC_THREAD, RELEASE_THREAD
+from dramatiq_unique.runtime import PERIODIC_THREAD, RELEASE_THREAD, Runtime
 
 from .cluster import cluster_client, cluster_env, redis_cluster, replicated_cluster  # noqa: F401  (real Redis Clusters)
 from .sentinel import replicated_redis  # noqa: F401  (a primary, two replicas and three sentinels)
@@ -150,19 +151,45 @@ def _no_global_broker_leak():
 #: How long a test's teardown waits for the background threads its workers left running.
 THREAD_LEAK_WAIT = 15.0
 
+#: Every Runtime built in this process (one per UniqueJobs), while it lives.
+_RUNTIMES: weakref.WeakSet[Runtime] = weakref.WeakSet()
+_build_runtime = Runtime.__init__
+
+
+def _tracked_runtime_init(self: Runtime, *args, **kwargs) -> None:
+    _build_runtime(self, *args, **kwargs)
+    _RUNTIMES.add(self)
+
+
+Runtime.__init__ = _tracked_runtime_init
+
 
 @pytest.fixture(autouse=True)
 def _no_background_thread_leak():
     """A test's workers' periodic and release threads end with the test: one still finishing its
     last round (a heartbeat against a server the test stopped) would otherwise log into a later
-    test's records, e.g. that it could not leave the worker registry."""
+    test's records, e.g. that it could not leave the worker registry.
+
+    A process that only sends keeps its periodic thread until the activity counts it flushes
+    every heartbeat interval run out; closing the counter, as the exit of such a process does,
+    flushes them now and ends that thread at once instead of a heartbeat interval later."""
     before = set(threading.enumerate())
     yield
+    left = [t for t in set(threading.enumerate()) - before if t.name in (PERIODIC_THREAD, RELEASE_THREAD)]
+    if not left:
+        return
+    for runtime in list(_RUNTIMES):
+        if not runtime.running and runtime.activity is not None and not runtime.activity.closed:
+            runtime.activity.close()
     deadline = time.monotonic() + THREAD_LEAK_WAIT
-    for thread in set(threading.enumerate()) - before:
-        if thread.name in (PERIODIC_THREAD, RELEASE_THREAD):
-            thread.join(max(0.0, deadline - time.monotonic()))
+    for thread in left:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a test that takes seconds (crash or load tests)")
+    config.addinivalue_line(
+        "markers",
+        "version_independent: reads only this checkout's files (pages, examples' text) or a browser: "
+        "run once, not again against the oldest versions",
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from dramatiq.middleware import TimeLimit
 from dramatiq_unique import LockBackend, RedisBackend, UniqueJobs
 from dramatiq_unique.backends import Holder
 from dramatiq_unique.keys import enqueue_key, registry_key, run_key
+from dramatiq_unique.runtime import PERIODIC_THREAD, RELEASE_THREAD
 
 #: Retries that keep failing tests short.
 FAST_RETRIES = {"min_backoff": 10, "max_backoff": 40}
@@ -242,6 +244,20 @@ def assert_stop_is_bounded(stopper: threading.Thread, caplog: Any) -> None:
         r.getMessage() for r in caplog.records if r.name.startswith("dramatiq_unique") and r.levelno >= logging.ERROR
     ]
     assert len(errors) == 1 and "still waiting for the lock backend" in errors[0], errors
+
+
+def resume_after_bounded_stop(server: Any, stopper: threading.Thread, runs: Any) -> None:
+    """Let a server stopped with SIGSTOP answer again, end the test's Env, and wait for the
+    threads that waited for the server to finish their last round: before the server stops for
+    good, or they would meet a server that refuses them, and retry."""
+    server.proc.send_signal(signal.SIGCONT)
+    stopper.join(10)
+    next(runs, None)
+    deadline = time.monotonic() + 10
+    for thread in threading.enumerate():
+        if thread.name in (PERIODIC_THREAD, RELEASE_THREAD):
+            thread.join(max(0.0, deadline - time.monotonic()))
+            assert not thread.is_alive(), f"{thread.name} did not end once the server answered"
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> None:

@@ -18,6 +18,8 @@ import pytest
 from .support import wait_for
 from .test_cli import ROOT, URL_VARIABLES, app, digest  # noqa: F401  (app: tests/cli_app.py with locks)
 
+pytestmark = pytest.mark.version_independent
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 

@@ -14,6 +14,8 @@ import pytest
 
 import dramatiq_unique
 
+pytestmark = pytest.mark.version_independent
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "dramatiq_unique"
 API_REFERENCE = ROOT / "docs" / "reference" / "api.md"

@@ -5,10 +5,18 @@ it is read, on GitHub and on PyPI."""
 from __future__ import annotations
 
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-import tomllib
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+pytestmark = pytest.mark.version_independent
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

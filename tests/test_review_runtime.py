@@ -16,7 +16,7 @@ from dramatiq_unique import runtime as runtime_module
 from dramatiq_unique.activity import read_activity
 from dramatiq_unique.errors import LockBackendError
 
-from .support import Env, assert_stop_is_bounded, stub_env_on, wait_for
+from .support import Env, assert_stop_is_bounded, resume_after_bounded_stop, stub_env_on, wait_for
 from .test_outages import server  # noqa: F401 (fixture)
 
 #: A script that sends its last job from an exit handler, as a script or a cron job may.
@@ -146,9 +146,7 @@ def test_the_last_worker_stops_while_its_release_thread_waits_for_a_lock_backend
         time.sleep(0.1)
         assert_stop_is_bounded(stopper, caplog)
     finally:
-        server.proc.send_signal(signal.SIGCONT)
-        stopper.join(10)
-        next(runs, None)
+        resume_after_bounded_stop(server, stopper, runs)
 
 
 def test_the_last_worker_stops_right_after_the_lock_backend_stopped_answering(
@@ -169,6 +167,4 @@ def test_the_last_worker_stops_right_after_the_lock_backend_stopped_answering(
         server.proc.send_signal(signal.SIGSTOP)  # before the first round of the periodic thread
         assert_stop_is_bounded(stopper, caplog)
     finally:
-        server.proc.send_signal(signal.SIGCONT)
-        stopper.join(10)
-        next(runs, None)
+        resume_after_bounded_stop(server, stopper, runs)

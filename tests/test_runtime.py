@@ -25,7 +25,7 @@ import dramatiq_unique
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique import runtime as runtime_module
 
-from .support import Env, assert_stop_is_bounded, stub_env_on, wait_for
+from .support import Env, assert_stop_is_bounded, resume_after_bounded_stop, stub_env_on, wait_for
 from .test_outages import server  # noqa: F401 (fixture)
 
 #: Short leases, so that a lease that is not renewed lapses within the test.
@@ -163,9 +163,7 @@ def test_the_last_worker_stops_while_its_heartbeat_waits_for_a_lock_backend_that
         time.sleep(2 * HEARTBEAT / 1000)  # a heartbeat waits for the server now
         assert_stop_is_bounded(stopper, caplog)
     finally:
-        server.proc.send_signal(signal.SIGCONT)
-        stopper.join(10)
-        next(runs, None)
+        resume_after_bounded_stop(server, stopper, runs)
 
 
 #: A process that sends, and then either stops (a sender) or boots two Workers at once, stops

@@ -233,14 +233,15 @@ class RedisBackend(LockBackend):
             **parameters,
         )
         try:
-            cluster_enabled = backend.client.info("cluster").get("cluster_enabled")
+            # (redis-py before 8 types a reply as "Awaitable | Any": see [tool.mypy] in pyproject.toml.)
+            cluster_enabled = backend.client.info("cluster").get("cluster_enabled")  # type: ignore[union-attr, unused-ignore]
         except redis.ResponseError:
             cluster_enabled = False  # e.g. an ACL user denied INFO: a single server, as far as we can tell
         except _REDIS_ERRORS as e:
             raise LockBackendError(f"Cannot reach the lock backend: {type(e).__name__}: {e}") from None
         if not cluster_enabled:
             return backend
-        backend.client.close()
+        backend.client.close()  # type: ignore[no-untyped-call, unused-ignore]
         try:
             client = redis.RedisCluster.from_url(url, **parameters)
         except ValueError:
@@ -467,10 +468,10 @@ class RedisBackend(LockBackend):
             if _is_cluster(self.client):
                 next_cursor, keys = self._scan_cluster(cursor, pattern, count)
             else:
-                position, keys = self.client.scan(int(cursor), match=pattern, count=count, _type="hash")
+                position, keys = self.client.scan(int(cursor), match=pattern, count=count, _type="hash")  # type: ignore[misc, unused-ignore]
                 next_cursor = str(position)
             keys = [key for key in map(_text, keys) if lock_kind(key)]
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call, unused-ignore]
             for key in keys:
                 pipe.hgetall(key)
             contents = pipe.execute()
@@ -514,7 +515,7 @@ class RedisBackend(LockBackend):
             if not _is_cluster(self.client):
                 self.client.set(refusal_key(prefix), "healing", px=ttl)
                 return
-            pipe = self.client.pipeline()
+            pipe = self.client.pipeline()  # type: ignore[no-untyped-call, unused-ignore]
             for tag in _slot_tags():
                 pipe.set(refusal_key(prefix, tag), "healing", px=ttl)
             pipe.execute()
@@ -526,7 +527,7 @@ class RedisBackend(LockBackend):
             if not _is_cluster(self.client):
                 self.client.delete(refusal_key(prefix))
                 return
-            pipe = self.client.pipeline()
+            pipe = self.client.pipeline()  # type: ignore[no-untyped-call, unused-ignore]
             for tag in _slot_tags():
                 pipe.delete(refusal_key(prefix, tag))
             pipe.execute()
@@ -610,7 +611,7 @@ class RedisBackend(LockBackend):
 
     def lines(self, keys: Sequence[str]) -> dict[str, tuple[str, ...]]:
         try:
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call, unused-ignore]
             for key in keys:
                 pipe.lrange(line_key(key), 0, -1)
             answers = pipe.execute()
@@ -628,7 +629,7 @@ class RedisBackend(LockBackend):
 
     def time(self) -> int:
         try:
-            seconds, micros = self.client.time()
+            seconds, micros = self.client.time()  # type: ignore[misc, unused-ignore]
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
         return int(seconds) * 1000 + int(micros) // 1000
@@ -673,7 +674,7 @@ class RedisBackend(LockBackend):
 
     def read_counts(self, keys: Sequence[str]) -> list[dict[str, int]]:
         try:
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call, unused-ignore]
             for key in keys:
                 pipe.hgetall(key)
             contents = pipe.execute()
@@ -914,13 +915,13 @@ def _client_from_sentinels(
         raise InvalidBackendOptions(f"RedisBackend's service_name must be a non-empty str. {usage}")
     if sentinel_parameters is not None and not isinstance(sentinel_parameters, Mapping):
         raise InvalidBackendOptions(f"RedisBackend's sentinel_parameters must be a dict. {usage}")
-    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = redis.sentinel.Sentinel(
         [(host, port) for host, port in sentinels],
         sentinel_kwargs=dict(sentinel_parameters) if sentinel_parameters is not None else None,
         **parameters,
     )
     # Its connections ask the sentinels for the primary's address whenever they (re)connect.
-    client: redis.Redis = sentinel.master_for(service_name)  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinel.master_for(service_name)
     return client
 
 
@@ -937,7 +938,7 @@ def _client_from_url(url: str, parameters: dict[str, Any]) -> redis.Redis:
         problem = "an '@' follows its host part, so its password or username holds '/', '#' or '?'"
         raise InvalidBackendOptions(_url_error(problem))
     try:
-        return redis.Redis.from_url(url, **parameters)
+        return redis.Redis.from_url(url, **parameters)  # type: ignore[no-any-return, unused-ignore]
     except ValueError:
         raise InvalidBackendOptions(
             _url_error(

@@ -204,7 +204,13 @@ class ScriptCaller:
             try:
                 return self._fcall_at_slot(function, keys, args)
             except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError):
-                self.client.nodes_manager.initialize()
+                try:
+                    self.client.nodes_manager.initialize()
+                except RuntimeError:
+                    # redis-py 5.0 reads its startup nodes while another thread's reading of the
+                    # slot map changes them ("dictionary changed size during iteration"): the
+                    # next try reads the map again.
+                    pass
         return self._fcall_at_slot(function, keys, args)
 
     def _fcall_at_slot(self, function: str, keys: list[str], args: list[Any]) -> Any:

@@ -151,7 +151,7 @@ class LocksWebApp:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        self.stylesheet = resources.files(__package__).joinpath("static", "style.css").read_bytes()
+        self.stylesheet = (resources.files(__package__) / "static" / "style.css").read_bytes()
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         request = Request(environ)
