@@ -21,9 +21,10 @@ from .support import Env, wait_for
 #: Short leases, renewed every heartbeat or two, so that a test sees several renewals of each.
 LEASE = 300
 HEARTBEAT = 100
-#: Leases for a test that makes a master fail their renewals until it sees one fail: the leases
-#: of its locks lapse a heartbeat interval after that, unless it is back.
-SLOW_LEASE = 1200
+#: Leases for a test that makes a master fail their renewals until it sees one fail, then lets
+#: it answer again: the leases of its locks would lapse more than two seconds after that, so the
+#: master answers first even when a loaded machine stalls the test's threads.
+SLOW_LEASE = 3000
 SLOW_HEARTBEAT = 400
 #: 16 accounts, each locked by four messages at once (lock_limit): 64 leases in 16 locks.
 ACCOUNTS = 16
@@ -176,7 +177,8 @@ def test_a_master_that_fails_the_renewals_of_its_locks_leaves_the_other_masters_
         finally:
             master.config_set("maxmemory", 0)
         failed = {r.args[0] for r in caplog.records if "could not be renewed" in r.getMessage()}
-        time.sleep(2 * SLOW_LEASE / 1000)
+        # A lease that the master answering again did not renew would lapse meanwhile.
+        time.sleep((SLOW_LEASE + SLOW_HEARTBEAT) / 1000)
         for account in range(ACCOUNTS):
             sync.send(f"a{account}", 1)
         env.wait_for_skips(ACCOUNTS)
