@@ -22,11 +22,11 @@ from .outcome import enqueue_outcome, record_outcome
 __all__ = ["Handoffs", "handed_message"]
 
 
-def handed_message(handed: str) -> Message[Any]:
+def handed_message(handed: bytes) -> Message[Any]:
     """The message a line handed a place, stamped with the token of that place: only this copy
-    of it may take the place (the backend's ``handoffs`` get ``"<token>\\n<encoded message>"``)."""
-    token, _, encoded = handed.partition("\n")
-    message: Message[Any] = Message.decode(encoded.encode())
+    of it may take the place (the backend's ``handoffs`` get ``b"<token>\\n<encoded message>"``)."""
+    token, _, encoded = handed.partition(b"\n")
+    message: Message[Any] = Message.decode(encoded)
     record_outcome(message, dataclasses.replace(enqueue_outcome(message), handoff=int(token)))
     return message
 
@@ -45,8 +45,8 @@ class Handoffs:
         self.logger = logger
         self.events = events
 
-    def __call__(self, messages: list[str]) -> None:
-        """Enqueue ``messages`` (each ``"<token>\\n<encoded message>"``), in order. Never raises: it
+    def __call__(self, messages: list[bytes]) -> None:
+        """Enqueue ``messages`` (each ``b"<token>\\n<encoded message>"``), in order. Never raises: it
         runs inside the steps that free places."""
         for handed in messages:
             try:

@@ -541,7 +541,7 @@ class MessageLock:
             waiting, status=WAITING, digest=self.digest, holder=self.message_id, reschedules=self.reschedules, line=line
         )
         return Waiter(
-            message=waiting.encode().decode(),
+            message=waiting.encode(),
             line_limit=1 if strategy.keeps_latest else self.config.line_limit,
             keeps_latest=strategy.keeps_latest,
         )

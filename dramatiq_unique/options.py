@@ -142,6 +142,8 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
 
     lock_name = options["lock"]
     if lock_name is None:
+        if options["debounce"] is not None:
+            _check_debounced(subject, options, None, client_strategy)
         return None
     lock = LOCK_TYPES.get(lock_name) if isinstance(lock_name, str) else None
     if lock is None:
@@ -175,15 +177,15 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
 
 
 def _check_debounced(
-    subject: str, options: Mapping[str, Any], lock: LockType, client_strategy: ConflictStrategy
+    subject: str, options: Mapping[str, Any], lock: LockType | None, client_strategy: ConflictStrategy
 ) -> None:
-    """A debounced send waits in the enqueue lock until a newer send takes its place: the lock
-    must be taken at enqueue and given up by its message, and the client strategy must replace."""
+    """A debounced send waits in the enqueue lock until a newer send takes its place: there must
+    be a lock, taken at enqueue and given up by its message, and the client strategy must replace."""
     debounce = options["debounce"]
-    if not lock.locks_at_enqueue or lock.requires_ttl:
+    if lock is None or not lock.locks_at_enqueue or lock.requires_ttl:
         usable = (name for name, t in LOCK_TYPES.items() if t.locks_at_enqueue and not t.requires_ttl)
         raise InvalidLockOptions(
-            f"{subject} uses debounce={debounce!r} with lock={lock.name!r}: a debounced message waits in the "
+            f"{subject} uses debounce={debounce!r} with lock={lock and lock.name!r}: a debounced message waits in the "
             "enqueue lock for a newer one to take its place, so the lock must be taken at enqueue and given up "
             f"by its message. Valid choices of lock there are: {_choices(usable)}."
         )

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+import dramatiq
 import pytest
 
 from dramatiq_unique import Locks, enqueue_outcome
@@ -135,6 +136,46 @@ def test_messages_that_meet_a_running_one_wait_in_line_in_the_worker(env, lock, 
     assert not env.dead_letters(sync)
 
 
+@pytest.mark.parametrize(
+    ("lock", "on_conflict", "ran"),
+    [
+        ("until_executed", "wait", [0, 1, 2]),
+        ("until_executed", "keep_latest", [0, 2]),
+        ("while_executing", {"server": "wait"}, [0, 1, 2]),
+    ],
+)
+def test_a_line_keeps_the_messages_of_an_encoder_that_writes_bytes(env, lock, on_conflict, ran):
+    # Issue 31 (7): with PickleEncoder, each send of a wait or keep_latest actor raised
+    # UnicodeDecodeError inside before_enqueue; Dramatiq logged it and enqueued the message
+    # without its lock, and every copy ran, at once.
+    previous = dramatiq.get_encoder()
+    dramatiq.set_encoder(dramatiq.PickleEncoder())
+    try:
+        runs, gate = Runs(), Gate()
+
+        @env.actor(lock=lock, on_conflict=on_conflict, reschedule_delay=POLLING_DELAY, lock_args_method=lambda seq: [])
+        def sync(seq):
+            if seq == 0:
+                gate.enter(seq)
+            runs.run("account", seq)
+
+        sync.send(0)
+        env.worker(threads=3)
+        wait_for(lambda: len(gate.runs) == 1)
+        sync.send(1)
+        sync.send(2)
+        if lock == "while_executing":
+            wait_for(lambda: len(env.seen.skipped) == 2)  # both wait in the run lock's line
+        gate.open()
+        wait_for(lambda: len(runs.ends) == len(ran), timeout=30)
+        env.join(sync)
+    finally:
+        dramatiq.set_encoder(previous)
+    of_account = runs.of("account")
+    assert [payload for payload, _, _ in of_account] == ran
+    assert_one_at_a_time(of_account)
+
+
 def test_lock_limit_runs_that_many_at_once_and_the_rest_wait_in_order(env):
     runs, running, most = Runs(), [0], [0]
     mutex = threading.Lock()
@@ -252,7 +293,7 @@ def test_a_handoff_lost_with_its_process_is_enqueued_again_by_the_reaper_and_run
         gate.enter(seq)
 
     handoffs = env.backend.handoffs
-    handed: list[str] = []
+    handed: list[bytes] = []
     env.backend.handoffs = handed.extend  # the process dies before it enqueues them
     digest = enqueue_outcome(export.send(0)).digest
     export.send(1)
@@ -339,7 +380,7 @@ def place(env, key: str, message_id: str, *, ttl: int | None = None, starting: s
     from dramatiq_unique.backends import Holder, Waiter
 
     holder = Holder(message_id, "post", "default", "while_executing", "running", "worker-1")
-    waiter = Waiter(message=f'{{"message_id": "{message_id}"}}', line_limit=10)
+    waiter = Waiter(message=f'{{"message_id": "{message_id}"}}'.encode(), line_limit=10)
     owner = f"attempt-{message_id}-{starting}"
     return owner, env.backend.acquire(
         key, owner, limit=1, ttl=ttl, holder=holder, waiter=waiter, starting=starting if starting is not None else ""
@@ -355,7 +396,7 @@ def test_only_the_copy_a_line_handed_a_place_takes_it(env):
     assert b.waiting == 1
     env.backend.release(key, owner_a)
     (message,) = handed
-    token = message.partition("\n")[0]
+    token = message.partition(b"\n")[0].decode()
     # B as it was before it joined the line, redelivered: never takes the place handed to its copy.
     assert place(env, key, "B", starting="")[1].started_before
     # Nor does a copy handed an earlier place, the reaper having handed it again.
@@ -377,7 +418,7 @@ def test_the_reaper_hands_a_lapsed_place_to_the_line(env):
     assert place(env, key, "B")[1].waiting == 1
     time.sleep(0.1)
     env.middleware.reaper.run()
-    assert [m.partition("\n")[2] for m in handed] == ['{"message_id": "B"}']
+    assert [m.partition(b"\n")[2] for m in handed] == [b'{"message_id": "B"}']
     assert Locks(env.backend).get("cd" * 32)[0].holders[0].message_id == "B"
 
 
@@ -391,12 +432,12 @@ def test_a_send_given_up_after_a_lost_answer_leaves_the_line(env):
 
     def send(message_id: str):
         holder = Holder(message_id, "post", "default", "until_executed", "queued")
-        waiter = Waiter(message=message_id, line_limit=10)
+        waiter = Waiter(message=message_id.encode(), line_limit=10)
         return env.backend.acquire(key, message_id, limit=1, ttl=None, holder=holder, waiter=waiter)
 
     assert send("A").acquired and send("B").waiting == 1 and send("C").waiting == 2
     assert not env.backend.release(key, "B")  # it held no place, but waited
     assert env.backend.lines([key]) == {key: ("C",)}
     env.backend.release(key, "A")
-    assert [m.partition("\n")[2] for m in handed] == ["C"]
+    assert [m.partition(b"\n")[2] for m in handed] == [b"C"]
     assert env.backend.waiting_message(key, "B") is None

@@ -53,6 +53,10 @@ from .support import unique_warnings
             ],
         ),
         (
+            {"debounce": 500},
+            ["debounce=500", "lock=None", "'until_and_while_executing', 'until_executed', 'until_executing'"],
+        ),
+        (
             {"lock": "until_expired", "lock_ttl": 5000, "debounce": 300},
             ["debounce=300", "lock='until_expired'", "'until_executing'"],
         ),
@@ -137,6 +141,22 @@ def test_an_invalid_message_override_fails_at_send_and_enqueues_nothing(env):
     env.join(job)
     assert runs == []
     assert enqueue_outcome(job.send(1)).enqueued  # and nothing was locked
+
+
+def test_a_debounce_without_a_lock_fails_at_send_and_enqueues_nothing(env):
+    # Issue 31 (8): an actor without a lock sent with debounce ran every message at once, undelayed.
+    runs = []
+
+    @env.actor
+    def push_profile(user_id):
+        runs.append(user_id)
+
+    with pytest.raises(InvalidLockOptions, match="'push_profile' .*uses debounce=500 with lock=None"):
+        push_profile.send_with_options(args=(7,), debounce=500)
+    env.worker()
+    env.join(push_profile)
+    assert runs == []
+    assert env.seen.enqueues == []
 
 
 def test_a_failing_lock_args_method_fails_the_send_and_locks_nothing(env):

@@ -299,14 +299,15 @@ class Waiter:
     when one frees up, in the order they came.
 
     Parameters:
-      message(str): The message, encoded (``Message.encode()``), as it is to be enqueued when
-        it is handed a place.
+      message(bytes): The message, encoded by Dramatiq's encoder (``Message.encode()``: JSON by
+        default, or any bytes, such as a ``PickleEncoder``'s), as it is to be enqueued when it is
+        handed a place.
       line_limit(int): How many messages may wait in the line.
       keeps_latest(bool): When the line is full, this message takes the place of the last one
         waiting, which is dropped, instead of being refused.
     """
 
-    message: str
+    message: bytes
     line_limit: int
     keeps_latest: bool = False
 
@@ -404,16 +405,16 @@ class LockBackend(abc.ABC):
     :attr:`handoffs` to be enqueued.
     """
 
-    #: Called with the messages that were handed a place, each ``"<token>\\n<encoded message>"``
+    #: Called with the messages that were handed a place, each ``b"<token>\\n<encoded message>"``
     #: (the token of its place), to enqueue them; set by the middleware. Without it, they keep
     #: their places and the orphan reaper enqueues them.
-    handoffs: Callable[[list[str]], None] | None = None
+    handoffs: Callable[[list[bytes]], None] | None = None
 
     def hand_over(self, messages: Sequence[Any]) -> None:
         """Pass the messages a transition handed a place to :attr:`handoffs`, if any."""
         handoffs = self.handoffs
         if messages and handoffs is not None:
-            handoffs([m.decode() if isinstance(m, bytes) else str(m) for m in messages])
+            handoffs([m if isinstance(m, bytes) else str(m).encode() for m in messages])
 
     def record_handoff(self, key: str, owner: str, *, holder: Holder, handoff: int) -> Acquisition:
         """A message that the line of the lock at ``key`` handed ``owner``'s place reaches the
@@ -427,13 +428,13 @@ class LockBackend(abc.ABC):
         """
         return Acquisition(acquired=False)
 
-    def hand_again(self, key: str, owner: str, record: str) -> str | None:
+    def hand_again(self, key: str, owner: str, record: str) -> bytes | None:
         """Renew the token of the place a line handed ``owner``, while it is still exactly
         ``record`` and its message has not started: the orphan reaper enqueues that message
         again, and the copy first handed the place may not take it any more.
 
         Returns:
-          str: The message to enqueue, as :attr:`handoffs` gets it (``"<token>\\n<message>"``);
+          bytes: The message to enqueue, as :attr:`handoffs` gets it (``b"<token>\\n<message>"``);
           ``None`` when the place changed or went, or its message started. This
           implementation has no lines.
         """
@@ -445,7 +446,7 @@ class LockBackend(abc.ABC):
         has no lines."""
         return {}
 
-    def waiting_message(self, key: str, message_id: str) -> str | None:
+    def waiting_message(self, key: str, message_id: str) -> bytes | None:
         """The message (encoded) of ``message_id`` while it waits in a line of the digest of the
         lock at ``key``, or was handed a place and has not started; ``None`` otherwise."""
         return None

@@ -319,9 +319,9 @@ class RedisBackend(LockBackend):
     def record_handoff(self, key: str, owner: str, *, holder: Holder, handoff: int) -> Acquisition:
         return _acquisition(self._call("handed", [key], [owner, holder.encode(owner), handoff]))
 
-    def hand_again(self, key: str, owner: str, record: str) -> str | None:
+    def hand_again(self, key: str, owner: str, record: str) -> bytes | None:
         handed = self._call("hand_again", [key, *_line_keys(key)], [owner, record])
-        return None if handed is None else _text(handed)
+        return None if handed is None else _bytes(handed)
 
     def release(self, key: str, owner: str) -> bool:
         released, handed = self._call("release", [key, *_line_keys(key)], [owner])
@@ -619,13 +619,13 @@ class RedisBackend(LockBackend):
             raise _backend_error(e) from e
         return {key: tuple(map(_text, ids)) for key, ids in zip(keys, answers, strict=True) if ids}
 
-    def waiting_message(self, key: str, message_id: str) -> str | None:
+    def waiting_message(self, key: str, message_id: str) -> bytes | None:
         try:
             entry = self.client.hget(waiters_key(key), message_id)
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
         # Recorded after the number of places it waits for and its holder (holders.lua's waiters).
-        return None if entry is None else _text(entry).split("\n", 2)[2]
+        return None if entry is None else _bytes(entry).split(b"\n", 2)[2]
 
     def time(self) -> int:
         try:
@@ -976,6 +976,12 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _bytes(value: Any) -> bytes:
+    """A reply that holds a message, as Dramatiq's encoder wrote it (a client that decodes its
+    replies gives it as text)."""
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
 def _is_cluster(client: Any) -> bool:
     return hasattr(client, "get_primaries")
 
@@ -1004,7 +1010,7 @@ def _waiter_args(waiter: Waiter, holder: Holder, limit: int) -> list[Any]:
     (the lock's limit, the place handed to it, recorded as queued, and the message), the line's
     limit, and whether the newest keeps the last place of a full line."""
     queued = dataclasses.replace(holder, state="queued", worker_id=None, redis_message_id=None)
-    entry = f"{limit}\n{queued.encode(holder.message_id)}\n{waiter.message}"
+    entry = f"{limit}\n{queued.encode(holder.message_id)}\n".encode() + waiter.message
     return [entry, waiter.line_limit, "1" if waiter.keeps_latest else ""]
 
 

@@ -54,7 +54,7 @@ class _Waiting:
 
     limit: int
     holder: Holder
-    message: str
+    message: bytes
 
 
 class StubBackend(LockBackend):
@@ -108,7 +108,7 @@ class StubBackend(LockBackend):
         waiter: Waiter | None = None,
         starting: str | None = None,
     ) -> Acquisition:
-        handed: list[str] = []
+        handed: list[bytes] = []
         try:
             with self._mutex:
                 refused = not healing and self._refusing(key)
@@ -125,14 +125,14 @@ class StubBackend(LockBackend):
             self.hand_over(handed)
 
     def release(self, key: str, owner: str) -> bool:
-        handed: list[str] = []
+        handed: list[bytes] = []
         with self._mutex:
             released = self._release(key, owner, handed)
         self.hand_over(handed)
         return released
 
     def release_many(self, places: Sequence[tuple[str, str]]) -> list[bool]:
-        handed: list[str] = []
+        handed: list[bytes] = []
         with self._mutex:
             released = [self._release(key, owner, handed) for key, owner in places]
         self.hand_over(handed)
@@ -146,7 +146,7 @@ class StubBackend(LockBackend):
             place.holder = holder
             return Acquisition(acquired=True, token=place.token, expires_at=place.expires_at)
 
-    def hand_again(self, key: str, owner: str, record: str) -> str | None:
+    def hand_again(self, key: str, owner: str, record: str) -> bytes | None:
         with self._mutex:
             place = self._live(key, _now()).places.get(owner)
             waiting = self._waiters.get(waiters_key(key), {}).get(place.holder.message_id) if place else None
@@ -155,13 +155,13 @@ class StubBackend(LockBackend):
             now_us = time.time_ns() // 1000
             place.token = self._fences[key] = max(self._fences.get(key, 0) + 1, now_us)
             place.acquired_at = now_us // 1000
-            return f"{place.token}\n{waiting.message}"
+            return b"%d\n%b" % (place.token, waiting.message)
 
     def lines(self, keys: Sequence[str]) -> dict[str, tuple[str, ...]]:
         with self._mutex:
             return {key: tuple(line) for key in keys if (line := self._lines.get(line_key(key)))}
 
-    def waiting_message(self, key: str, message_id: str) -> str | None:
+    def waiting_message(self, key: str, message_id: str) -> bytes | None:
         with self._mutex:
             waiting = self._waiters.get(waiters_key(key), {}).get(message_id)
             return None if waiting is None else waiting.message
@@ -210,7 +210,7 @@ class StubBackend(LockBackend):
     def claim(
         self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder, starting: str = ""
     ) -> str:
-        handed: list[str] = []
+        handed: list[bytes] = []
         with self._mutex:
             answer = self._claim(
                 key, owner, replaced_key=replaced_key, release=release, holder=holder, starting=starting, handed=handed
@@ -227,7 +227,7 @@ class StubBackend(LockBackend):
         release: bool,
         holder: Holder,
         starting: str,
-        handed: list[str],
+        handed: list[bytes],
     ) -> str:
         if self._forget_replaced(replaced_key, owner):
             self._release(key, owner, handed)
@@ -261,7 +261,7 @@ class StubBackend(LockBackend):
         waiter: Waiter | None = None,
         starting: str = "",
     ) -> Acquisition:
-        handed: list[str] = []
+        handed: list[bytes] = []
         try:
             with self._mutex:
                 return self._swap(
@@ -284,7 +284,7 @@ class StubBackend(LockBackend):
         holder: Holder,
         waiter: Waiter | None,
         starting: str,
-        handed: list[str],
+        handed: list[bytes],
     ) -> Acquisition:
         if self._forget_replaced(replaced_key, release_owner):
             self._release(release_key, release_owner, handed)
@@ -390,7 +390,7 @@ class StubBackend(LockBackend):
             return now, records
 
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
-        handed: list[str] = []
+        handed: list[bytes] = []
         with self._mutex:
             places = self._live(key, _now()).places
             freed = [
@@ -506,7 +506,7 @@ class StubBackend(LockBackend):
         self._locks[key] = lock
         return Acquisition(acquired=True, token=token, expires_at=expires_at)
 
-    def _release(self, key: str, owner: str, handed: list[str], *, stays_waiting: bool = False) -> bool:
+    def _release(self, key: str, owner: str, handed: list[bytes], *, stays_waiting: bool = False) -> bool:
         """Give up ``owner``'s place, and hand the free places to the line (adding the messages
         handed a place to ``handed``); its message leaves the waiters unless it ``stays_waiting``."""
         lock = self._live(key, time.time_ns() // 1_000_000)
@@ -525,7 +525,7 @@ class StubBackend(LockBackend):
 
     # Lines, as holders.lua keeps them --------------------------------------------------
 
-    def _hand_over(self, key: str) -> list[str]:
+    def _hand_over(self, key: str) -> list[bytes]:
         lock = self._live(key, _now())
         line, waiters = self._lines.get(line_key(key), []), self._waiters.get(waiters_key(key), {})
         handed = []
@@ -543,7 +543,7 @@ class StubBackend(LockBackend):
                     holder=waiting.holder, token=token, acquired_at=now_us // 1000, expires_at=None
                 )
                 self._locks[key] = lock
-                handed.append(f"{token}\n{waiting.message}")
+                handed.append(b"%d\n%b" % (token, waiting.message))
             line.pop(0)
         return handed
 
@@ -577,7 +577,7 @@ class StubBackend(LockBackend):
         refused: bool,
         waiter: Waiter,
         starting: str | None,
-        handed: list[str],
+        handed: list[bytes],
     ) -> Acquisition:
         """As holders.lua's take_or_wait."""
         handed += self._hand_over(key)
