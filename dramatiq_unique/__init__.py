@@ -8,6 +8,7 @@ from .errors import (
     EnqueueCancelled,
     InvalidBackendOptions,
     InvalidLockOptions,
+    LineNeedsBroker,
     LockArgumentsError,
     LockBackendError,
     LockBackendRetry,
@@ -66,6 +67,7 @@ __all__ = [
     "DuplicateMessage",
     "LockConflict",
     "LockStoreHealing",
+    "LineNeedsBroker",
     "NoLockHeld",
     "EnqueueCancelled",
 ]

@@ -28,7 +28,7 @@ from . import __version__
 from .activity import read_activity
 from .backends import LockBackend, RedisBackend
 from .default_backend import URL_VARIABLE
-from .errors import InvalidBackendOptions, LockArgumentsError, LockBackendError
+from .errors import InvalidBackendOptions, LineNeedsBroker, LockArgumentsError, LockBackendError
 from .held import LockInfo
 from .keys import digest_of
 from .middleware import UniqueJobs
@@ -46,6 +46,7 @@ RET_URL = 5  # No Redis URL, or one that cannot be used.
 RET_NOT_FOUND = 6  # No lock of that digest, or no place of that message, is held.
 RET_ABORTED = 7  # The confirmation was not given.
 RET_CHANGED = 8  # Some places changed after they were read and were left held.
+RET_LINE = 9  # Messages wait in a lock's line: only the command with --app frees a place there.
 
 #: The environment variables the Redis URL of the locks is read from, in this order.
 URL_VARIABLES = (URL_VARIABLE, "REDIS_URL")
@@ -460,6 +461,12 @@ def run_reap(context: Context, args: argparse.Namespace) -> int:
             if report.enqueued_again
             else ""
         )
+        + (
+            f" It left {count(report.left_for_broker, 'place')} held whose lock has messages waiting in its line:"
+            " pass --app to let the reaper enqueue the one handed the place."
+            if report.left_for_broker
+            else ""
+        )
     )
     if context.app is None:
         context.print("Enqueue locks were left alone: pass --app to let the reaper ask your broker about them.")
@@ -677,6 +684,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(context, args)
     except CommandError as e:
         return _fail(str(e), e.code)
+    except LineNeedsBroker as e:
+        return _fail(str(e), RET_LINE)
     except LockBackendError as e:
         return _fail(str(e), RET_CONNECT)
     except KeyboardInterrupt:

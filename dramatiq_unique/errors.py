@@ -92,6 +92,27 @@ class LockConflict(UniqueError, Retry):
         self.holder = holder
 
 
+class LineNeedsBroker(UniqueError):
+    """Raised when a process that cannot enqueue messages (its lock backend has no ``handoffs``:
+    the command or the web page run with ``--url``, a :class:`~dramatiq_unique.Locks` built
+    on a bare backend) would free a place of a lock whose line has messages waiting: the first
+    of them would be handed the place, and never enqueued. Nothing of that lock was freed.
+
+    Parameters:
+      key(str): The lock's key.
+      waiting(int): How many messages wait in its line.
+    """
+
+    def __init__(self, key: str, waiting: int):
+        super().__init__(
+            f"Lock {key!r} has {waiting} message(s) waiting in its line, and was left held: a place freed here "
+            "would go to the first of them, which only a process with the application's broker can enqueue "
+            "(the command or the web page with --app, Locks.from_middleware)."
+        )
+        self.key = key
+        self.waiting = waiting
+
+
 class NoLockHeld(UniqueError, LookupError):
     """Raised by :func:`~dramatiq_unique.require_current_lock` where the running code holds no lock."""
 

@@ -51,7 +51,7 @@ from dramatiq.common import dq_name, q_name
 from dramatiq.results import Results
 
 from .backends import Holder, LockBackend, LockRecord
-from .errors import InvalidLockOptions
+from .errors import InvalidLockOptions, LineNeedsBroker
 from .events import REAPED, Events, LockEvent
 from .handoffs import handed_message
 from .held import QUEUED
@@ -87,6 +87,9 @@ class ReapReport:
       released_missing_messages(int): Enqueue locks released because their message no longer exists.
       enqueued_again(int): Messages handed a place by a lock's line that never reached the
         broker, enqueued again.
+      left_for_broker(int): Places that were to be freed and were left held: messages wait in
+        their lock's line, and a reaper without the application's broker could not enqueue the
+        one handed the place.
       forgotten_workers(int): Dead workers removed from the worker registry.
       complete(bool): Whether the run reached the end of the locks (a full cycle).
       skipped(bool): Whether another reaper was running, so this one did nothing.
@@ -98,6 +101,7 @@ class ReapReport:
     released_dead_workers: int = 0
     released_missing_messages: int = 0
     enqueued_again: int = 0
+    left_for_broker: int = 0
     forgotten_workers: int = 0
     complete: bool = False
     skipped: bool = False
@@ -238,7 +242,7 @@ class Reaper:
             if record.expires_at is not None and record.expires_at <= now:
                 # Lapsed (a dead worker's lease): dropped, and its place handed to the lock's line, if
                 # any, by a release that frees nothing else. Without a line, the next operation would.
-                self.backend.release_record(record.key, record.owner, record.record)
+                self._release_record(record, report)
                 continue
             # Only run locks end with their worker. An enqueue lock recorded as running (replace)
             # belongs to a message the broker redelivers when its worker dies; a queued place in
@@ -285,9 +289,18 @@ class Reaper:
         )
         return True
 
+    def _release_record(self, record: LockRecord, report: ReapReport) -> bool:
+        """Free the place of ``record`` while it is as read; returns whether it did."""
+        try:
+            return self.backend.release_record(record.key, record.owner, record.record)
+        except LineNeedsBroker as e:
+            report.left_for_broker += 1
+            self.logger.warning("The orphan reaper could not free a place: %s", e)
+            return False
+
     def _release(self, record: LockRecord, report: ReapReport, reason: str) -> None:
-        if not self.backend.release_record(record.key, record.owner, record.record):
-            return  # renewed, re-entered or released since it was read
+        if not self._release_record(record, report):
+            return  # renewed, re-entered or released since it was read, or left to a reaper with a broker
         if record.kind == RUN:
             report.released_dead_workers += 1
         else:

@@ -57,3 +57,8 @@ def send_reminder(number: int) -> None:
 @dramatiq.actor(queue_name="payments")
 def ping() -> None:
     pass
+
+
+@dramatiq.actor(queue_name="exports", lock="until_executed", on_conflict="wait", lock_args_method=lambda day, n: [day])
+def export_orders(day: str, n: int) -> None:
+    broker.client.rpush("tests:exports", n)

@@ -26,6 +26,7 @@ from dramatiq_unique.cli import (
     RET_ABORTED,
     RET_CONNECT,
     RET_IMPORT,
+    RET_LINE,
     RET_NOT_FOUND,
     RET_OK,
     RET_URL,
@@ -267,6 +268,41 @@ def test_unlock_frees_one_holder_or_a_digest_and_dry_run_frees_nothing(app, redi
 
     line = assert_error(cli("--url", redis_url, "unlock", report, "--message-id", "nobody"), RET_NOT_FOUND)
     assert "Message 'nobody' holds no place" in line
+
+
+def test_unlock_leaves_a_lock_with_a_line_to_the_command_with_the_app(app, redis_url, redis_client):
+    # Issue 31 (2): with --url, the freed place went to the message waiting in line, which the
+    # command could not enqueue: it held the place for ever, and every later send waited behind it.
+    module, _ = app
+    first = module.export_orders.send("2026-12-04", 1)
+    second = module.export_orders.send("2026-12-04", 2)
+    assert enqueue_outcome(second).status == "waiting"
+    export = digest(first)
+    line = assert_error(cli("--url", redis_url, "unlock", export), RET_LINE)
+    assert "has 1 message(s) waiting in its line, and was left held" in line and "--app" in line
+    (held,) = json.loads(ok(cli("--url", redis_url, "show", export, "--json")))
+    assert [h["message_id"] for h in held["holders"]] == [first.message_id]
+    assert held["waiting"] == [second.message_id]
+
+    out = ok(cli("--app", "tests.cli_app", "unlock", export))
+    assert out.splitlines()[0] == f"Freed 1 place in 1 lock of digest {export!r}:"
+    # The command enqueued the message it handed the place: a worker runs both, and the job is
+    # free again afterwards.
+    environment = {k: v for k, v in os.environ.items() if k not in URL_VARIABLES}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "dramatiq", "tests.cli_app", "--queues", "exports", "--processes", "1"],
+        cwd=ROOT,
+        env={**environment, "CLI_APP_URL": redis_url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: sorted(redis_client.lrange("tests:exports", 0, -1)) == [b"1", b"2"], timeout=60)
+        wait_for(lambda: not Locks.from_middleware(module.unique).get(export))
+        assert enqueue_outcome(module.export_orders.send("2026-12-04", 3)).status == "enqueued"
+    finally:
+        worker.terminate()
+        worker.wait(30)
 
 
 def test_unlock_all_of_an_actor_asks_for_confirmation(app, redis_url):

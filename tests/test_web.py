@@ -274,6 +274,27 @@ def test_unlock_one_holder_one_lock_and_all_of_an_actor_answers_with_what_it_fre
     assert env.is_free(report)
 
 
+def test_a_page_without_a_broker_leaves_a_lock_with_a_line_held(redis_env):
+    # Issue 31 (2): served with --url (a bare backend), the page freed the place and handed it to
+    # the message waiting in line, which it could not enqueue: the job was wedged.
+    env = redis_env
+
+    @env.actor(queue_name="exports", lock="until_executed", on_conflict="wait", lock_args_method=lambda day, n: [day])
+    def export_orders(day, n):
+        pass
+
+    first = export_orders.send("2026-12-04", 1)
+    second = export_orders.send("2026-12-04", 2)
+    backend = RedisBackend(client=env.broker.client)
+    c = Client(make_wsgi_app(backend, allow_unlock=True, authorize=lambda environ: True), script_name=ROOT)
+    (lock_form,) = [f for f in c.get(f"/locks/{digest(first)}").post_forms if "unlock-lock" in f.buttons]
+    refused = c.submit(lock_form)
+    assert refused.status == 409 and "has 1 message(s) waiting in its line, and was left held" in refused.text
+    (held,) = Locks(backend).get(digest(first))
+    assert [h.message_id for h in held.holders] == [first.message_id]
+    assert backend.lines([held.key]) == {held.key: (second.message_id,)}
+
+
 def test_the_locks_page_shows_the_lock_activity_of_the_last_hour(app):
     env, _, _ = app
     env.middleware.activity.flush()

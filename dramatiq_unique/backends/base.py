@@ -14,6 +14,7 @@ import abc
 import base64
 import binascii
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ _STATE_CODES = {"queued": "q", "running": "r"}
 _LOCK_CODES = {name: lock_type.code for name, lock_type in LOCK_TYPES.items()}
 _STATES = {code: name for name, code in _STATE_CODES.items()}
 _LOCKS = {code: name for name, code in _LOCK_CODES.items()}
+
+_logger = logging.getLogger(__name__)
 
 #: The fields of a lock's hash that are the lock's own, not a holder's: the last fencing token
 #: issued, and the actor and queue that its holders leave out of their records.
@@ -411,10 +414,20 @@ class LockBackend(abc.ABC):
     handoffs: Callable[[list[bytes]], None] | None = None
 
     def hand_over(self, messages: Sequence[Any]) -> None:
-        """Pass the messages a transition handed a place to :attr:`handoffs`, if any."""
+        """Pass the messages a transition handed a place to :attr:`handoffs`; without it, say
+        that they wait for an orphan reaper that has the application's broker."""
+        if not messages:
+            return
         handoffs = self.handoffs
-        if messages and handoffs is not None:
-            handoffs([m if isinstance(m, bytes) else str(m).encode() for m in messages])
+        if handoffs is None:
+            _logger.warning(
+                "%d message(s) handed a place by a lock's line cannot be enqueued by this process, whose lock "
+                "backend has no broker: each keeps its place until an orphan reaper with the application's broker "
+                "enqueues it.",
+                len(messages),
+            )
+            return
+        handoffs([m if isinstance(m, bytes) else str(m).encode() for m in messages])
 
     def record_handoff(self, key: str, owner: str, *, holder: Holder, handoff: int) -> Acquisition:
         """A message that the line of the lock at ``key`` handed ``owner``'s place reaches the
@@ -732,6 +745,10 @@ class LockBackend(abc.ABC):
 
         Returns:
           bool: Whether the place was given up.
+
+        Raises:
+          LineNeedsBroker: If messages wait in the lock's line and :attr:`handoffs` is not set:
+            nothing was freed.
         """
 
     # Operations: seeing and freeing held locks ---------------------------------
@@ -761,6 +778,10 @@ class LockBackend(abc.ABC):
 
         Returns:
           list[str]: The owners whose places were given up.
+
+        Raises:
+          LineNeedsBroker: If messages wait in the lock's line and :attr:`handoffs` is not set:
+            nothing was freed.
         """
 
     @abc.abstractmethod

@@ -14,7 +14,7 @@ import redis
 import redis.sentinel
 from redis.crc import key_slot
 
-from ..errors import InvalidBackendOptions, LockBackendError, LockStoreHealing
+from ..errors import InvalidBackendOptions, LineNeedsBroker, LockBackendError, LockStoreHealing
 from ..keys import (
     debounce_key,
     digest_keys_start,
@@ -605,7 +605,11 @@ class RedisBackend(LockBackend):
         return sorted(keys.values())
 
     def release_record(self, key: str, owner: str, record: str) -> bool:
-        released, handed = self._call("release_record", [key, *_line_keys(key)], [owner, record])
+        released, handed, *waiting = self._call(
+            "release_record", [key, *_line_keys(key)], [owner, record, self._no_broker()]
+        )
+        if waiting:
+            raise LineNeedsBroker(key, int(waiting[0]))
         self.hand_over(handed)
         return bool(released)
 
@@ -618,6 +622,10 @@ class RedisBackend(LockBackend):
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
         return {key: tuple(map(_text, ids)) for key, ids in zip(keys, answers, strict=True) if ids}
+
+    def _no_broker(self) -> str:
+        """The scripts' flag of a caller that cannot enqueue the messages a line is handed."""
+        return "1" if self.handoffs is None else ""
 
     def waiting_message(self, key: str, message_id: str) -> bytes | None:
         try:
@@ -645,8 +653,10 @@ class RedisBackend(LockBackend):
         return int(reply[0]), records
 
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
-        args = [value for owner, record in records.items() for value in (owner, record)]
-        released, handed = self._call("release_records", [key, *_line_keys(key)], args)
+        args = [self._no_broker(), *(value for owner, record in records.items() for value in (owner, record))]
+        released, handed, *waiting = self._call("release_records", [key, *_line_keys(key)], args)
+        if waiting:
+            raise LineNeedsBroker(key, int(waiting[0]))
         self.hand_over(handed)
         return [_text(owner) for owner in released]
 

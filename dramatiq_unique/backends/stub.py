@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import LockBackendError, LockStoreHealing
+from ..errors import LineNeedsBroker, LockBackendError, LockStoreHealing
 from ..keys import debounce_key, digest_keys_start, epoch_key, line_key, lock_kind, prefix_of, served_key, waiters_key
 from .base import (
     HELD,
@@ -392,6 +392,9 @@ class StubBackend(LockBackend):
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
         handed: list[bytes] = []
         with self._mutex:
+            waiting = len(self._lines.get(line_key(key), []))
+            if waiting and self.handoffs is None:
+                raise LineNeedsBroker(key, waiting)
             places = self._live(key, _now()).places
             freed = [
                 owner for owner, record in records.items() if owner in places and places[owner].record(owner) == record

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, quote, urlencode
 
 from ..activity import read_activity
 from ..backends import LockBackend
-from ..errors import LockBackendError
+from ..errors import LineNeedsBroker, LockBackendError
 from ..events import EVENT_KINDS
 from ..held import STATES
 from ..operations import Locks
@@ -162,6 +162,9 @@ class LocksWebApp:
         except HTTPError as e:
             response = self._render(request, "error.html", status=e.status, message=e.message)
             response.headers += e.headers
+        except LineNeedsBroker as e:
+            # Served with a bare backend (--url): a message waits in the line of a lock to free.
+            response = self._render(request, "error.html", status=409, message=str(e))
         except LockBackendError as e:
             # The backend's errors name a host and port at most, never a password.
             response = self._render(request, "error.html", status=503, message=str(e))

@@ -398,6 +398,13 @@ local function hand_over(key, line, holders, count)
   return handed, count
 end
 
+-- How many messages wait in the line, for a caller without a broker (`no_broker` "1"), which
+-- frees no place of such a lock: the message handed it would never be enqueued. 0 otherwise.
+local function without_broker_waiting(line, no_broker)
+  if no_broker ~= "1" or not line then return 0 end
+  return redis.call("LLEN", line.list)
+end
+
 -- Whether message `id`, as the copy a line handed the place of token `copy` ("" for one no
 -- line handed a place), must not start: another copy of it started after it waited in line.
 local function served_before(line, id, copy)

@@ -5,11 +5,16 @@
 -- apart. The fence stays, so tokens keep increasing. A message freed leaves the waiters, and
 -- the places freed go to the line.
 -- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at).
--- ARGV: owner, record, owner, record, ... Returns {the owners freed, the messages the line was handed}.
+-- ARGV: "1" for a caller that cannot enqueue the messages a line is handed (it has no broker),
+-- else "", then owner, record, owner, record, ... Returns {the owners freed, the messages the
+-- line was handed}, or, for such a caller when messages wait in the line, {{}, {}, how many
+-- wait}: it frees nothing.
 local key, line = KEYS[1], line_at(KEYS[2], KEYS[3], KEYS[4])
+local waiting = without_broker_waiting(line, ARGV[1])
+if waiting > 0 then return {{}, {}, waiting} end
 local holders, count = live_holders(key)
 local removed = {}
-for i = 1, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   local owner, record = ARGV[i], holders[ARGV[i]]
   if record == ARGV[i + 1] then
     write_holder(key, owner, false)
