@@ -17,6 +17,7 @@ from .digest import compute_digest, lock_arguments
 from .errors import LockBackendError
 from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, Events, EventSubject
 from .frozen import frozen_instance
+from .held import QUEUED
 from .keys import ENQUEUE, RUN, enqueue_key, replaced_key, run_key
 from .liveness import worker_id
 from .options import LockConfig
@@ -448,6 +449,9 @@ class MessageLock:
         if acquisition.superseded:
             self.holds_enqueue = False
             self.superseded = True
+        if acquisition.started_before:
+            # Another copy of the message owns its place: this one gives nothing up.
+            self.holds_enqueue = False
         self.started_before = acquisition.started_before
         self._took_run_lock(owner, acquisition, ttl)
         if acquisition.acquired and held:
@@ -473,6 +477,22 @@ class MessageLock:
                 self.liveness.drop(self.run_key, owner)
             released = self.backend.release(self.run_key, owner)
             self.emit(RELEASED if released else LAPSED, lock_kind=RUN)
+
+    def give_up_handed_place(self) -> None:
+        """This copy, handed a place by a line, leaves without having started (a middleware before
+        ours skipped it, such as AgeLimit): the place, while it is still the one handed this copy,
+        goes to the next message in line."""
+        if self.handoff is None:
+            return
+        key = self.run_key if self.handed_by == RUN else self.enqueue_key
+        for place in self.backend.read([key])[1]:
+            handed_here = place.owner == self.message_id and place.token == self.handoff
+            if (
+                handed_here
+                and place.holder.get("state") == QUEUED
+                and self.backend.release_record(key, place.owner, place.record)
+            ):
+                self.emit(RELEASED, lock_kind=RUN if self.handed_by == RUN else ENQUEUE)
 
     def _claim(self, *, release: bool) -> str:
         answer = self.backend.claim(

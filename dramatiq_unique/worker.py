@@ -142,6 +142,10 @@ class WorkerSide:
             if config is None or not enqueue_outcome(sent).digest:
                 return
             lock = self.lock_for(message, config)
+            if lock.handoff is not None:
+                # A copy a line handed a place: the line goes on without it.
+                self.outage.release(MessageLock.give_up_handed_place, lock, "after it was skipped")
+                return
         self.outage.release(self._give_up, lock, "after it was processed")
 
     @staticmethod

@@ -236,6 +236,42 @@ def test_a_rebuilt_lock_of_a_message_in_a_workers_hands_is_never_replaced(loss_e
     assert gate.count("evt_1") == 1
 
 
+def test_a_message_a_line_handed_a_place_runs_after_the_store_restarted_empty(loss_env, store, caplog):
+    # Issue 31 (4): the healing took the handed message's place again, with a new token; at its
+    # start the message was refused as "a copy of it started already", its place never lapsed,
+    # and every later send waited behind it.
+    env, gate, runs = loss_env, Gate(), []
+
+    @env.actor(queue_name="posts", lock="until_executed", on_conflict="wait", lock_args_method=lambda key, seq: [key])
+    def post(key, seq):
+        runs.append(seq)
+
+    @env.actor(queue_name="posts")
+    def blocker():
+        gate.enter("blocker")
+
+    handed = []
+    env.middleware.subscribe("handed_over", handed.append)
+    post.send("k", 0)
+    assert enqueue_outcome(post.send("k", 1)).status == "waiting"
+    blocker.send()
+    # The one worker thread runs post 0, which hands its place to post 1, enqueued behind the
+    # blocker; the store restarts empty while post 1 waits in the queue.
+    env.worker(threads=1)
+    wait_for(lambda: runs == [0] and len(handed) == 1 and gate.count("blocker") == 1)
+    wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+        store.kill()
+        store.start()
+        wait_for(lambda: "took again the enqueue locks of" in caplog.text, timeout=5)
+        wait_for(lambda: "The lock store takes new locks again" in caplog.text, timeout=5)
+    gate.open()
+    wait_for(lambda: runs == [0, 1], timeout=10)
+    env.join(post, blocker)
+    assert enqueue_outcome(post.send("k", 2)).status == "enqueued"
+    wait_for(lambda: runs == [0, 1, 2], timeout=10)
+
+
 @pytest.fixture
 def healing_env(store, redis_client):
     """As loss_env, with heartbeats a second apart: the store heals for two seconds."""

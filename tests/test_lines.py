@@ -320,6 +320,82 @@ def test_a_handoff_lost_with_its_process_is_enqueued_again_by_the_reaper_and_run
     assert env.is_free(digest, run=lock == "while_executing")
 
 
+@pytest.mark.parametrize(
+    ("lock", "on_conflict"),
+    [("until_executing", "wait"), ("until_and_while_executing", {"client": "replace", "server": "wait"})],
+)
+def test_a_retry_of_a_message_a_line_handed_a_place_runs(env, lock, on_conflict):
+    # Issue 31 (1): the handed message failed once, and its retry was skipped as "a copy of it
+    # started already": it took a new enqueue place, with a new token, which the start compared
+    # with the token of the place the line had handed (in the second pattern, a run lock's).
+    runs, gate, attempts = Runs(), Gate(), []
+
+    @env.actor(
+        lock=lock,
+        on_conflict=on_conflict,
+        reschedule_delay=POLLING_DELAY,
+        lock_args_method=lambda seq: [],
+        max_retries=3,
+        min_backoff=50,
+        max_backoff=100,
+    )
+    def save(seq):
+        attempts.append(seq)
+        if seq == 0:
+            gate.enter(seq)
+        if attempts.count(1) == 1 and seq == 1:
+            raise RuntimeError("the first attempt fails")
+        runs.run("document", seq)
+
+    save.send(0)
+    if lock == "until_executing":
+        assert enqueue_outcome(save.send(1)).status == "waiting"  # in the enqueue lock's line
+        env.worker(threads=2)
+    else:
+        env.worker(threads=2)
+        wait_for(lambda: len(gate.runs) == 1)
+        save.send(1)
+        wait_for(lambda: len(env.seen.skipped) == 1)  # in the run lock's line
+    gate.open()
+    wait_for(lambda: len(runs.ends) == 2, timeout=30)
+    env.join(save)
+    assert attempts.count(1) == 2 and [payload for payload, _, _ in runs.of("document")] == [0, 1]
+    # No place was left behind: a new send does not wait.
+    assert enqueue_outcome(save.send(2)).status == "enqueued"
+
+
+def test_a_handed_message_that_age_limit_skips_hands_its_place_on(env):
+    # Issue 31 (3): a message that waited in the run lock's line longer than its max_age was handed
+    # the place, skipped by AgeLimit (before UniqueJobs sees it), and kept the place for ever: no
+    # later message of that lock ran.
+    runs, gate = Runs(), Gate()
+
+    @env.actor(
+        lock="while_executing",
+        on_conflict={"server": "wait"},
+        reschedule_delay=POLLING_DELAY,
+        lock_args_method=lambda account, seq: [account],
+    )
+    def sync(account, seq):
+        if seq == 0:
+            gate.enter(seq)
+        runs.run(account, seq)
+
+    sync.send("a1", 0)
+    env.worker(threads=3)
+    wait_for(lambda: len(gate.runs) == 1)
+    sync.send_with_options(args=("a1", 1), max_age=500)
+    wait_for(lambda: len(env.seen.skipped) == 1)  # waits in the run lock's line
+    time.sleep(0.6)  # older than its max_age by the time it is handed the place
+    sync.send_with_options(args=("a1", 2), max_age=600_000)
+    wait_for(lambda: len(env.seen.skipped) == 2)
+    gate.open()
+    wait_for(lambda: len(runs.ends) == 2, timeout=30)
+    env.join(sync)
+    assert [payload for payload, _, _ in runs.of("a1")] == [0, 2]
+    assert len(env.seen.skipped) == 3  # 1 and 2 waited in line; AgeLimit skipped 1
+
+
 def test_explain_list_and_the_lock_events_show_the_line(env):
     gate, events = Gate(), []
     env.middleware.subscribe(["waiting", "handed_over"], events.append)

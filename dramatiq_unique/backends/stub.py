@@ -234,7 +234,9 @@ class StubBackend(LockBackend):
             return SUPERSEDED
         lock = self._live(key, time.time_ns() // 1_000_000)
         place = lock.places.get(owner)
-        if starting and (self._served_before(key, owner, starting) or self._handed_to_another(place, starting)):
+        if starting and (
+            self._served_before(key, owner, starting) or self._handed_to_another(key, owner, place, starting)
+        ):
             return STARTED_BEFORE
         if place is None:
             handed += self._hand_over(key)
@@ -291,7 +293,8 @@ class StubBackend(LockBackend):
             return Acquisition(acquired=False, superseded=True)
         place = self._live(release_key, _now()).places.get(release_owner) if starting else None
         if starting and (
-            self._served_before(release_key, release_owner, starting) or self._handed_to_another(place, starting)
+            self._served_before(release_key, release_owner, starting)
+            or self._handed_to_another(release_key, release_owner, place, starting)
         ):
             return Acquisition(acquired=False, started_before=True)
         refused = self._refusing(acquire_key)
@@ -556,9 +559,16 @@ class StubBackend(LockBackend):
         started = self._served.get(served_key(key), {}).get(message_id)
         return started is not None and str(started) != copy
 
-    @staticmethod
-    def _handed_to_another(place: _Place | None, copy: str | None) -> bool:
-        return place is not None and bool(copy) and place.holder.state == "queued" and str(place.token) != copy
+    def _handed_to_another(self, key: str, message_id: str, place: _Place | None, copy: str | None) -> bool:
+        """As holders.lua's handed_to_another: a pending handoff is a queued place of a message that
+        is still among the waiters."""
+        return (
+            place is not None
+            and bool(copy)
+            and place.holder.state == "queued"
+            and str(place.token) != copy
+            and message_id in self._waiters.get(waiters_key(key), {})
+        )
 
     def _serve(self, key: str, message_id: str, copy: str | None) -> None:
         if self._waiters.get(waiters_key(key), {}).pop(message_id, None) is not None and copy:

@@ -17,7 +17,7 @@ end
 local holders, count = live_holders(key)
 local record = holders[owner]
 -- Only a copy a line handed a place is checked: every other start (nearly all) costs no ZSCORE.
-if ARGV[4] ~= "" and (served_before(line, owner, ARGV[4]) or handed_to_another(record, ARGV[4])) then
+if ARGV[4] ~= "" and (served_before(line, owner, ARGV[4]) or handed_to_another(line, owner, record, ARGV[4])) then
   expire_with_holders(key, holders, count)
   return {-3, {}}
 end

@@ -413,12 +413,18 @@ local function served_before(line, id, copy)
   return started ~= false and tonumber(started) ~= tonumber(copy)
 end
 
--- Whether a queued `place` is the one a line handed to another copy than `copy`: a reaper that
--- enqueued the message again renewed its token.
-local function handed_to_another(place, copy)
+-- Whether message `id`'s queued `place` is the one a line handed to another copy than `copy`
+-- (a reaper that enqueued the message again renewed its token). Who may run a handed place is
+-- decided by this rule: a handoff is pending while the lock holds a queued place of the message
+-- AND the message is still among the digest's waiters; only the copy stamped with that place's
+-- token takes it. A queued place without a waiter entry is no handoff, whatever its token: the
+-- place a retry took again at enqueue, or one the healing took again after the store lost its
+-- data (which lost the waiters too). Once a copy started (serve), the served copies say which
+-- one may start again (served_before): its retries and redeliveries do, no other copy.
+local function handed_to_another(line, id, place, copy)
   if not place or copy == "" or not queued(place) then return false end
   local _, token = parse(place)
-  return token ~= tonumber(copy)
+  return token ~= tonumber(copy) and line ~= nil and redis.call("HEXISTS", line.waiters, id) == 1
 end
 
 -- Message `id` starts as the copy `copy`: it leaves the waiters, if it was one, and a copy

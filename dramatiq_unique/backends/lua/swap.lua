@@ -19,7 +19,9 @@ if redis.call("SREM", KEYS[3], ARGV[1]) == 1 then
 end
 if ARGV[6] ~= "" then
   local place = redis.call("HGET", KEYS[1], holder_field(ARGV[1]))
-  if served_before(enqueue_line, ARGV[1], ARGV[6]) or handed_to_another(place, ARGV[6]) then return {{-3}, {}} end
+  if served_before(enqueue_line, ARGV[1], ARGV[6]) or handed_to_another(enqueue_line, ARGV[1], place, ARGV[6]) then
+    return {{-3}, {}}
+  end
 end
 local refused = new_places_refused(KEYS[8], KEYS[9])
 local reply, handed, holders, count
