@@ -500,6 +500,30 @@ def test_the_reaper_hands_a_lapsed_place_to_the_line(env):
     assert Locks(env.backend).get("cd" * 32)[0].holders[0].message_id == "B"
 
 
+def test_a_lapsed_place_that_a_renewal_meets_stays_for_the_line(env):
+    # Issue 31 (6): lock_limit=2 and wait. A's worker was killed; B's lease renewal dropped A's
+    # lapsed place without handing it to the line, and the reaper then found nothing lapsed: C
+    # waited for as long as B ran. Neither a renewal nor a handoff's record drops it now.
+    from dramatiq_unique.backends import Holder, Lease, Waiter
+
+    key, handed = "dramatiq-unique:{" + "fa" * 32 + "}:run", []
+    env.backend.handoffs = handed.extend
+
+    def attempt(message_id: str, ttl: int):
+        holder = Holder(message_id, "post", "default", "while_executing", "running", "worker-1")
+        waiter = Waiter(message=f'{{"message_id": "{message_id}"}}'.encode(), line_limit=10)
+        return env.backend.acquire(key, f"attempt-{message_id}", limit=2, ttl=ttl, holder=holder, waiter=waiter)
+
+    assert attempt("A", 50).acquired and attempt("B", 60_000).acquired
+    assert attempt("C", 60_000).waiting == 1
+    time.sleep(0.1)  # A's lease lapses
+    assert env.backend.renew(key, "attempt-B", ttl=60_000)
+    assert env.backend.renew_many([Lease(key, "attempt-B", 60_000, None)])[0]
+    assert handed == []
+    env.middleware.reaper.run()
+    assert [m.partition(b"\n")[2] for m in handed] == [b'{"message_id": "C"}']
+
+
 def test_a_reaper_without_a_broker_leaves_a_lapsed_place_with_a_line_to_one_with_it(redis_env, caplog):
     # Issue 31 (2): the reaper run with --url handed the lapsed place to the line, and could not
     # enqueue the message handed it, which then held the place for ever.

@@ -140,7 +140,7 @@ class StubBackend(LockBackend):
 
     def record_handoff(self, key: str, owner: str, *, holder: Holder, handoff: int) -> Acquisition:
         with self._mutex:
-            place = self._live(key, _now()).places.get(owner)
+            place = self._live_place(key, owner, _now())
             if place is None or place.holder.state != "queued" or place.token != handoff:
                 return Acquisition(acquired=False)
             place.holder = holder
@@ -148,7 +148,7 @@ class StubBackend(LockBackend):
 
     def hand_again(self, key: str, owner: str, record: str) -> bytes | None:
         with self._mutex:
-            place = self._live(key, _now()).places.get(owner)
+            place = self._live_place(key, owner, _now())
             waiting = self._waiters.get(waiters_key(key), {}).get(place.holder.message_id) if place else None
             if place is None or waiting is None or place.record(owner) != record:
                 return None
@@ -324,7 +324,7 @@ class StubBackend(LockBackend):
             return [self._renew(lease, now) for lease in leases]
 
     def _renew(self, lease: Lease, now: int) -> int | None:
-        place = self._live(lease.key, now).places.get(lease.owner)
+        place = self._live_place(lease.key, lease.owner, now)
         if place is None:
             return None
         if place.expires_at is None:
@@ -636,6 +636,13 @@ class StubBackend(LockBackend):
             waiters[message_id] = entry
             return Acquisition(acquired=False, waiting=len(line), displaced=displaced, holders=acquisition.holders)
         return Acquisition(acquired=False, line_full=True, holders=acquisition.holders)
+
+    def _live_place(self, key: str, owner: str, now: int) -> _Place | None:
+        """``owner``'s place if it has not lapsed, read as holders.lua's scripts that cannot hand a
+        place to the lock's line read it: the lapsed places stay for a step that hands them over."""
+        lock = self._locks.get(key)
+        place = lock.places.get(owner) if lock is not None else None
+        return place if place is not None and (place.expires_at is None or place.expires_at > now) else None
 
     def _live(self, key: str, now: int) -> _Lock:
         lock = self._locks.get(key) or _Lock()

@@ -5,7 +5,7 @@
 -- Returns "<token>\n<message>" as hand_over does, or false when the place changed or went, or
 -- its message started.
 local key, line, owner = KEYS[1], line_at(KEYS[2], KEYS[3], KEYS[4]), ARGV[1]
-local holders, count = live_holders(key)
+local holders, count, kept = live_holders(key, true)
 local record = holders[owner]
 local answer = false
 if record == ARGV[2] then
@@ -22,5 +22,5 @@ if record == ARGV[2] then
     answer = string.format("%d", token) .. "\n" .. message
   end
 end
-expire_with_holders(key, holders, count)
+expire_with_holders(key, holders, count + kept)
 return answer

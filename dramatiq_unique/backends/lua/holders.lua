@@ -188,13 +188,16 @@ local function share_names(key, count, holder)
   return head .. "|||" .. id
 end
 
--- Drops the holders whose place lapsed; returns the others (owner -> record) and their count.
--- Lapse is judged by the server clock now (read only if a place may lapse): after that
--- clock stepped back, a lapsed place that no script dropped yet counts again until the
--- clock passes its expiry once more, as Redis' own key expiry does with keys.
-local function live_holders(key)
+-- Drops the holders whose place lapsed; returns the others (owner -> record), their count, and
+-- how many lapsed places it kept. Lapse is judged by the server clock now (read only if a
+-- place may lapse): after that clock stepped back, a lapsed place that no script dropped yet
+-- counts again until the clock passes its expiry once more, as Redis' own key expiry does with
+-- keys. A script that cannot hand a freed place to the lock's line (it has not its keys) passes
+-- `keep_lapsed`: the lapsed places stay, not counted, for a step that hands them over (a
+-- release, a start, a new send, the orphan reaper), so that no waiter is forgotten.
+local function live_holders(key, keep_lapsed)
   local fields = redis.call("HGETALL", key)
-  local holders, count = {}, 0
+  local holders, count, kept = {}, 0, 0
   local lock = {[FENCE] = false, [NAMES] = false}
   for i = 1, #fields, 2 do
     local field, record = fields[i], fields[i + 1]
@@ -204,7 +207,7 @@ local function live_holders(key)
     else
       local expires_at = parse(record)
       if expires_at and expires_at <= clock() then
-        write_holder(key, owner, false)
+        if keep_lapsed then kept = kept + 1 else write_holder(key, owner, false) end
       else
         holders[owner] = record
         count = count + 1
@@ -213,7 +216,7 @@ local function live_holders(key)
   end
   known[key] = lock
   absent[key] = #fields == 0
-  return holders, count
+  return holders, count, kept
 end
 
 -- The key lives as long as its longest-lived holder, then FENCE_RETENTION ms
@@ -558,10 +561,10 @@ end
 -- Returns the new expiry, 0 for a place that never lapses, -1 when owner holds no place.
 local function renew_place(key, owner, ttl, deadline)
   local now = clock()
-  local holders, count = live_holders(key)
+  local holders, count, kept = live_holders(key, true)
   local record = holders[owner]
   if not record then
-    expire_with_holders(key, holders, count)
+    expire_with_holders(key, holders, count + kept)
     return -1
   end
   local expires_at, token, acquired_at, holder = parse(record)
@@ -575,6 +578,6 @@ local function renew_place(key, owner, ttl, deadline)
       holders[owner] = record
     end
   end
-  expire_with_holders(key, holders, count)
+  expire_with_holders(key, holders, count + kept)
   return expires_at or 0
 end
