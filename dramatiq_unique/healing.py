@@ -32,8 +32,8 @@ from .errors import InvalidLockOptions, LockBackendError
 from .in_hand import held_by_live_workers
 from .keys import healed_key, healing_key, registry_key
 from .lock import LockFactory
-from .options import ActorConfigs
-from .outcome import ENQUEUED, enqueue_outcome
+from .options import ActorConfigs, LockConfig
+from .outcome import ENQUEUED, EnqueueOutcome, enqueue_outcome
 from .reaper import QueueCounter, needs_messages_in_hand
 
 #: How long the worker that heals holds the lock that keeps the others from doing it too, in
@@ -303,12 +303,22 @@ class Healing:
     def _rebuild(self, broker: Any) -> tuple[int, int, int]:
         taken = duplicates = in_hand = 0
         renew_at = time.monotonic() + self.heartbeat_interval / 1000
-        for message, waiting in _kept_messages(broker):
+
+        def keep_alive() -> None:
+            # A long rebuild keeps, once a heartbeat interval, what a round keeps.
+            nonlocal renew_at
             if time.monotonic() >= renew_at and self._owner is not None:
-                # A long rebuild keeps, once a heartbeat interval, what a round keeps.
                 self._hold(self._owner)
                 self._refuse()
                 renew_at = time.monotonic() + self.heartbeat_interval / 1000
+
+        # Where a newer message takes a queued one's place (replace, debounce), the copies of a
+        # digest take their places again in the order they took them (their tokens increase),
+        # each newer one replacing the one before as it did, so that the newest run and the
+        # others are skipped: the broker's hash returns them in no order.
+        replacing: dict[tuple[str | None, str], list[tuple[Message[Any], bool, LockConfig, EnqueueOutcome]]] = {}
+        for message, waiting in _kept_messages(broker):
+            keep_alive()
             try:
                 config = self.configs.for_message(message)
             except InvalidLockOptions:
@@ -322,6 +332,11 @@ class Healing:
             if not waiting and not (lock_type.holds_enqueue_lock_while_running or lock_type.outlives_message):
                 in_hand += 1
                 continue
+            if config.client_strategy.replaces_queued_holders:
+                replacing.setdefault((config.lock_prefix, outcome.digest), []).append(
+                    (message, waiting, config, outcome)
+                )
+                continue
             lock = self.locks.build(message, config, outcome)
             # One in a worker's hands may be running: a newer message never takes its place (replace).
             holder = None if waiting else lock.holder_in_hand()
@@ -330,6 +345,21 @@ class Healing:
                 taken += 1
             else:
                 duplicates += 1
+        for copies in replacing.values():
+            copies.sort(key=lambda copy: (copy[3].token or 0, copy[0].message_timestamp))
+            for i, (message, waiting, config, outcome) in enumerate(copies):
+                keep_alive()
+                lock = self.locks.build(message, config, outcome)
+                # The newest keep their places; one of them in a worker's hands may be running,
+                # so no newer message may take its place.
+                newest = i >= len(copies) - config.lock_limit
+                holder = lock.holder_in_hand() if newest and not waiting else None
+                acquisition = lock.acquire_enqueue(holder=holder, healing=True)
+                if acquisition.acquired:
+                    # The copy it replaced holds no place any more.
+                    taken += 0 if acquisition.replaced else 1
+                else:
+                    duplicates += 1
         return taken, duplicates, in_hand
 
 

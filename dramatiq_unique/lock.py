@@ -234,6 +234,7 @@ class MessageLock:
                 holder=holder,
                 extend=extend,
                 debounce_cap=self.config.debounce_cap,
+                healing=healing,
             )
         else:
             acquisition = self.backend.acquire(

@@ -272,6 +272,34 @@ def test_a_message_a_line_handed_a_place_runs_after_the_store_restarted_empty(lo
     wait_for(lambda: runs == [0, 1, 2], timeout=10)
 
 
+@pytest.mark.parametrize(
+    "options", [{"on_conflict": {"client": "replace"}}, {"debounce": 2_000}], ids=["replace", "debounce"]
+)
+def test_the_newest_copy_runs_after_the_store_restarted_empty(loss_env, store, caplog, options):
+    # Issue 31 (5): the healing took the places again in the order of the broker's hash: in 6-10
+    # of 16 jobs the replaced copy ran, and the newest was dropped, logged as taken by a "newer"
+    # message that was the older one.
+    env, runs = loss_env, []
+    options = {"on_conflict": {"client": "replace"}, **options}
+
+    @env.actor(queue_name="profiles", lock="until_executed", lock_args_method=lambda user, version: [user], **options)
+    def push_profile(user, version):
+        runs.append((user, version))
+
+    env.worker(threads=2)
+    for user in range(16):
+        for version in (1, 2):
+            push_profile.send_with_options(args=(user, version), delay=3_000)
+    wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+        store.kill()
+        store.start()
+        wait_for(lambda: "took again the enqueue locks of" in caplog.text, timeout=5)
+    wait_for(lambda: len(runs) >= 16, timeout=15)
+    env.join(push_profile)
+    assert sorted(runs) == [(user, 2) for user in range(16)]
+
+
 @pytest.fixture
 def healing_env(store, redis_client):
     """As loss_env, with heartbeats a second apart: the store heals for two seconds."""

@@ -559,6 +559,7 @@ class LockBackend(abc.ABC):
         holder: Holder,
         extend: int = 0,
         debounce_cap: int | None = None,
+        healing: bool = False,
     ) -> Acquisition:
         """As :meth:`acquire`, but when every place is taken, first take the
         place of the oldest holder that is ``"queued"`` and ``replaceable``, and add that
@@ -572,6 +573,8 @@ class LockBackend(abc.ABC):
             ``<prefix>:{<digest>}:debounce``); one that replaced a holder continues
             the series, due within what is left of its deadline (0 once it passed). The
             answer's ``due_within`` says which; ``None``, the default, starts or continues nothing.
+          healing(bool): As for :meth:`acquire`: the place is taken, and a queued holder's taken,
+            even while the store heals.
         """
 
     @abc.abstractmethod

@@ -359,12 +359,13 @@ class RedisBackend(LockBackend):
         holder: Holder,
         extend: int = 0,
         debounce_cap: int | None = None,
+        healing: bool = False,
     ) -> Acquisition:
         reply = self._call(
             "replace",
             [key, replaced_key, debounce_key(key)],
             [owner, limit, ttl or 0, extend, holder.encode(owner), REPLACED_TTL, debounce_cap or 0],
-            refusal=self._refusal_keys(key),
+            refusal=() if healing else self._refusal_keys(key),
         )
         return _acquisition(reply)
 

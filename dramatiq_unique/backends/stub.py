@@ -177,9 +177,10 @@ class StubBackend(LockBackend):
         holder: Holder,
         extend: int = 0,
         debounce_cap: int | None = None,
+        healing: bool = False,
     ) -> Acquisition:
         with self._mutex:
-            refused = self._refusing(key)
+            refused = not healing and self._refusing(key)
             now = _now()
             lock = self._live(key, now)
             held_before = owner in lock.places
