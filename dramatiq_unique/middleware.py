@@ -55,6 +55,7 @@ from .options import (
     lock_defaults,
 )
 from .outage import Outage
+from .persistence import warn_if_lines_unpersisted
 from .reaper import Reaper, ReaperTrigger, declare_reaper_actor, needs_messages_in_hand
 from .runtime import Runtime
 from .worker import WorkerSide
@@ -264,6 +265,8 @@ class UniqueJobs(Middleware):
         )
         # The check of the lock store's eviction policy, at the worker's boot or the first send.
         self._eviction_check = EvictionCheck(backend, logger=self.logger)
+        #: Whether a worker's boot checked that a lock store with lines keeps them on disk.
+        self._persistence_checked = False
         outage = Outage(
             on_backend_error=on_backend_error, logger=self.logger, releases_retried=lambda: self.runtime.running
         )
@@ -387,6 +390,9 @@ class UniqueJobs(Middleware):
         self.resolve_backend(broker)
         # Before the worker takes any lock: a store that may evict them is reported while none is lost.
         self._eviction_check()
+        if not self._persistence_checked:
+            self._persistence_checked = True
+            warn_if_lines_unpersisted(self.backend, self.configs.lines(), logger=self.logger)
         warn_if_prometheus_follows(broker, self, self.logger)
         if self.metrics is not None:
             # In a worker process, after Dramatiq's Prometheus middleware chose where values go.

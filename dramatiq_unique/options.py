@@ -343,6 +343,14 @@ class ActorConfigs:
         self._actors[actor.actor_name] = (options, config)
         return options
 
+    def lines(self) -> list[str]:
+        """The declared actors that wait in a lock's line on either side (``wait``, ``keep_latest``)."""
+        return sorted(
+            name
+            for name, (_, config) in self._actors.items()
+            if config is not None and (config.client_strategy.waits_in_line or config.server_strategy.waits_in_line)
+        )
+
     def for_actor(self, actor_name: str) -> LockConfig | None:
         """The resolved lock options of an actor; ``None`` when it has no lock."""
         return self._actors.get(actor_name, self._default)[1]

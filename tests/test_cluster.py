@@ -599,3 +599,16 @@ def test_a_new_backend_serves_the_masters_that_answer_while_another_is_down(tmp_
         client.close()
     finally:
         cluster.stop()
+
+
+def test_every_master_that_keeps_nothing_on_disk_is_named(cluster_client, redis_cluster):
+    # Issue 31 (9): the boot check of a lock store with lines asks every master.
+    backend = RedisBackend(client=cluster_client)
+    masters = {f"127.0.0.1:{port}" for port in redis_cluster.ports}
+    assert set(backend.unpersisted_servers()) == masters
+    first = redis_cluster.nodes[0]
+    first.config_set("appendonly", "yes")
+    try:
+        assert set(backend.unpersisted_servers()) == masters - {f"127.0.0.1:{redis_cluster.ports[0]}"}
+    finally:
+        first.config_set("appendonly", "no")

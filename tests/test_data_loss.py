@@ -300,6 +300,40 @@ def test_the_newest_copy_runs_after_the_store_restarted_empty(loss_env, store, c
     assert sorted(runs) == [(user, 2) for user in range(16)]
 
 
+@pytest.mark.parametrize("appendonly", ["no", "yes"])
+def test_a_worker_with_lines_says_at_boot_that_the_store_keeps_nothing_on_disk(loss_env, store, caplog, appendonly):
+    # Issue 31 (9): the messages waiting in lines live only in the lock store.
+    env = loss_env
+    store.client().config_set("appendonly", appendonly)
+
+    @env.actor(lock="until_executed", on_conflict="wait")
+    def export(day):
+        pass
+
+    @env.actor(lock="while_executing", on_conflict={"server": "keep_latest"})
+    def sync(account):
+        pass
+
+    @env.actor(lock="until_executed")
+    def settle(event_id):
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+        env.worker()
+        env.worker()  # a second Worker of the process says nothing more
+    said = [r.getMessage() for r in caplog.records if "keeps nothing on disk" in r.getMessage()]
+    if appendonly == "yes":
+        assert said == []
+    else:
+        (warning,) = said
+        server = f"localhost:{store.port}"
+        assert warning.startswith(f"Actors 'export', 'sync' wait in lines, and the lock store's Redis ({server})")
+        # The page shows it as it is logged.
+        page = (Path(__file__).parents[1] / "docs" / "deploying-the-lock-store.md").read_text()
+        shown = " ".join(page.split("Actors 'export', 'sync' wait in lines", 1)[1].split("```", 1)[0].split())
+        assert "Actors 'export', 'sync' wait in lines" + shown.replace("localhost:6379", server) == warning
+
+
 @pytest.fixture
 def healing_env(store, redis_client):
     """As loss_env, with heartbeats a second apart: the store heals for two seconds."""

@@ -464,6 +464,12 @@ class LockBackend(abc.ABC):
         lock at ``key``, or was handed a place and has not started; ``None`` otherwise."""
         return None
 
+    def unpersisted_servers(self) -> tuple[str, ...]:
+        """The servers of the lock store known to keep nothing on disk (neither an append-only
+        file nor snapshots), so that a restart loses every lock and every message waiting in
+        a line. ``()`` (the default) when none is, or the backend cannot tell."""
+        return ()
+
     def for_native_thread(self) -> LockBackend | None:
         """This backend, for a native thread of a process that gevent monkey-patched: one that
         reaches the same storage without gevent's sockets, which belong to the hub of the thread

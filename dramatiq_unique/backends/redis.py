@@ -293,6 +293,31 @@ class RedisBackend(LockBackend):
             risks.append(EvictionRisk(server=server, policy=str(policy), maxmemory=maxmemory))
         return tuple(risks)
 
+    def unpersisted_servers(self) -> tuple[str, ...]:
+        """The servers, every master of a Redis Cluster, with ``appendonly no`` and no ``save``
+        schedule. A server that denies ``CONFIG GET`` (a managed service, an ACL) is not named."""
+        client: Any = self.client
+        try:
+            masters = (
+                [(node.name, node) for node in client.get_primaries()]
+                if _is_cluster(client)
+                else [(_server_name(client), None)]
+            )
+            unpersisted = []
+            for server, node in sorted(masters, key=lambda master: master[0]):
+                target = {} if node is None else {"target_nodes": node}
+                if int(client.info("persistence", **target).get("aof_enabled", 0)):
+                    continue
+                try:
+                    save = client.config_get("save", **target)
+                except redis.ResponseError:
+                    continue
+                if not str(next(iter(save.values()), "")).strip():
+                    unpersisted.append(server)
+        except _REDIS_ERRORS as e:
+            raise _backend_error(e) from e
+        return tuple(unpersisted)
+
     def acquire(
         self,
         key: str,
