@@ -101,7 +101,8 @@ class Liveness:
         self.events = events
         self.prefix = prefix
         self.registry_key = registry_key(prefix)
-        #: The registries of the other lock prefixes this process's actors use.
+        #: The other lock prefixes this process's actors use, and their registries.
+        self._other_prefixes: tuple[str, ...] = ()
         self._other_registries: tuple[str, ...] = ()
         self.lease_period = lease_period
         self.heartbeat_interval = heartbeat_interval
@@ -147,11 +148,13 @@ class Liveness:
         return (self.registry_key, *self._other_registries)
 
     def add_prefix(self, prefix: str) -> None:
-        """Heartbeat into the registry of ``prefix`` too: the lock prefix of an actor."""
+        """Heartbeat into the registry of ``prefix`` too, and keep the mark of the store's data
+        under it: the lock prefix of an actor, whose senders look for that mark."""
         key = registry_key(prefix)
         with self._mutex:
             if key != self.registry_key and key not in self._other_registries:
                 self._other_registries += (key,)
+                self._other_prefixes += (prefix,)
 
     def backend_time(self) -> int | None:
         """Now on the backend's clock, in milliseconds, estimated from the last
@@ -361,7 +364,9 @@ class Liveness:
     def _data_lost(self) -> bool:
         """Whether the store lost its data since the marks were last read: say so if it did."""
         try:
-            epochs = self.backend.epochs(self.prefix)
+            epochs: dict[str, str] = {}
+            for prefix in (self.prefix, *self._other_prefixes):
+                epochs.update(self.backend.epochs(prefix))
         except LockBackendError as e:
             self._backend_failed("data check", e)
             return False

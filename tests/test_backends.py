@@ -390,6 +390,24 @@ def test_redis_calls_the_scripts_by_sha_for_a_user_denied_functions(redis_client
         redis_client.acl_deluser("scripts")
 
 
+def test_redis_calls_the_scripts_by_sha_for_a_user_allowed_function_load_but_denied_fcall(redis_client, redis_server):
+    # Issue 31: an ACL that allows FUNCTION but denies FCALL left every lock transition failing
+    # with NOPERM: the library loaded, so the scripts were never run by EVALSHA.
+    redis_client.acl_setuser("loader", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-fcall"])
+    try:
+        client = redis.Redis(host=redis_server.host, port=redis_server.port, username="loader", password="pw")
+        backend = RedisBackend(client=client)
+        redis_client.function_flush()
+        assert acquire(backend, "m1").acquired
+        assert acquire(backend, "m2").holders == ("m1",)
+        assert backend.release(KEY, "m1")
+        assert acquire(backend, "m2").acquired
+        stats = redis_client.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] >= 4  # every transition, the first one included
+    finally:
+        redis_client.acl_deluser("loader")
+
+
 #: The commands the scripts run.
 SCRIPT_COMMANDS = {
     "exists",  # whether new places are refused while the store heals (with the mark: MGET)

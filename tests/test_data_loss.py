@@ -419,6 +419,25 @@ def test_a_cluster_master_that_lost_its_data_is_healed_in_every_slot(cluster_hea
     assert cluster_client.keys("dramatiq-unique:refusing*") == []
 
 
+def test_a_sender_of_an_actor_with_its_own_lock_prefix_finds_the_loss_itself(healing_env, store, caplog):
+    # Issue 31: the mark of the store's data was kept under the middleware's prefix only, so that
+    # the send of an actor with a prefix of its own never found a loss itself: it took a free lock
+    # until a heartbeat found the loss (5 s by default), and a duplicate ran.
+    env = healing_env
+
+    @env.actor(queue_name="payments", lock="until_executed", lock_prefix="billing")
+    def invoice(number):
+        pass
+
+    env.worker(threads=1)
+    wait_for(lambda: store.client().exists("billing:epoch"))
+    assert enqueue_outcome(invoice.send(7)).enqueued  # its script saw the mark of "billing"
+    store.kill()
+    store.start()
+    with pytest.raises(LockStoreHealing):
+        invoice.send(8)
+
+
 def test_an_actor_with_its_own_lock_prefix_is_refused_while_the_store_heals(healing_env, store, caplog):
     # Issue 20 review: the healing refuses new places under every lock prefix of the middleware's actors.
     env = healing_env

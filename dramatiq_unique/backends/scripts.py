@@ -112,13 +112,18 @@ class ScriptCaller:
             try:
                 return self._fcall(name, keys, args)
             except redis.ResponseError as e:
-                if _NOT_LOADED not in str(e).lower():
+                if _fcall_denied(e):
+                    # An ACL that lets this user load the library but not call it: the same
+                    # scripts run by EVALSHA from now on.
+                    self.functions = False
+                elif _NOT_LOADED not in str(e).lower():
                     raise
-                # The function never ran: load the library, and call again. On a cluster, on every
-                # master: the one that answered may not be the slot's owner in the client's map but
-                # the master a moving slot's key went to already (ASK), which redis-py does not name.
-                self.load()
-                return self._fcall(name, keys, args)
+                else:
+                    # The function never ran: load the library, and call again. On a cluster, on every
+                    # master: the one that answered may not be the slot's owner in the client's map but
+                    # the master a moving slot's key went to already (ASK), which redis-py does not name.
+                    self.load()
+                    return self._fcall(name, keys, args)
         try:
             return self.client.evalsha(self.scripts.shas[name], len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
@@ -224,6 +229,12 @@ def _retries(client: Any) -> int:
     its ``retry`` from redis-py 5.1 on, ``cluster_error_retry_attempts`` before."""
     retry = getattr(client, "retry", None)
     return int(retry.get_retries()) if retry is not None else int(getattr(client, "cluster_error_retry_attempts", 3))
+
+
+def _fcall_denied(error: redis.ResponseError) -> bool:
+    """Whether ``error`` is an ACL's refusal of the FCALL command itself (not of the keys)."""
+    text = str(error).lower()
+    return _refused(error) and "'fcall'" in text
 
 
 def _refused(error: redis.ResponseError) -> bool:
