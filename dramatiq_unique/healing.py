@@ -13,6 +13,7 @@ alone. Other brokers cannot be read: their queued messages' locks are not rebuil
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dramatiq import Broker, Message
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import dq_name
 from dramatiq.errors import DecodeError
 
@@ -30,7 +32,7 @@ from .backends import Holder, LockBackend
 from .backends.base import UNHEALED_REFUSAL
 from .errors import InvalidLockOptions, LockBackendError
 from .in_hand import held_by_live_workers
-from .keys import healed_key, healing_key, registry_key
+from .keys import healed_key, healing_key, rebuilding_key, rebuilt_key, registry_key
 from .lock import LockFactory
 from .options import ActorConfigs, LockConfig
 from .outcome import ENQUEUED, EnqueueOutcome, enqueue_outcome
@@ -178,9 +180,11 @@ class Healing:
         )
 
     def _heal_unless_healed(self) -> bool:
-        """Heal the loss this worker found, unless another worker heals it (it watches on) or did."""
+        """Heal the loss this worker found, unless another worker heals it (it watches on, and
+        rebuilds the locks of its own broker's messages) or did."""
         owner = uuid.uuid4().hex
         if not self._hold(owner):
+            self._rebuild_this_broker()
             return True
         try:
             marks = self._read_marks()
@@ -259,22 +263,47 @@ class Healing:
             self.backend.release(self.key, owner)
 
     def _rebuild_once(self) -> None:
-        from dramatiq.brokers.redis import RedisBroker
-
         broker = self.broker
         if not isinstance(broker, RedisBroker):
             self._say_what_is_left(broker)
         else:
-            taken, duplicates, in_hand = self._rebuild(broker)
-            self.logger.warning(
-                "After the lock store lost its data, this worker took again the enqueue locks of %d messages that "
-                "RedisBroker keeps. %d were taken meanwhile by a duplicate, which may run too. %d, in workers' "
-                "hands, may be running and have given their lock up, so theirs were left alone.",
-                taken,
-                duplicates,
-                in_hand,
-            )
+            self._rebuild_and_say(broker)
+            self.backend.set_value(rebuilt_key(self.prefix, _fingerprint(broker)), self._marks, ttl=HEALED_TTL)
         self._rebuilt = True
+
+    def _rebuild_and_say(self, broker: RedisBroker) -> None:
+        taken, duplicates, in_hand = self._rebuild(broker)
+        self.logger.warning(
+            "After the lock store lost its data, this worker took again the enqueue locks of %d messages that "
+            "RedisBroker keeps. %d were taken meanwhile by a duplicate, which may run too. %d, in workers' "
+            "hands, may be running and have given their lock up, so theirs were left alone.",
+            taken,
+            duplicates,
+            in_hand,
+        )
+
+    def _rebuild_this_broker(self) -> None:
+        """While another worker heals the store: take again the enqueue locks of the messages
+        of this worker's broker, unless a worker of the same broker did for this loss. The
+        worker that heals rebuilds those of its own broker only, and an application with
+        another RedisBroker may share the lock prefix."""
+        broker = self.broker
+        if not isinstance(broker, RedisBroker):
+            return
+        fingerprint = _fingerprint(broker)
+        marks = self._read_marks()
+        if self.backend.get_value(rebuilt_key(self.prefix, fingerprint)) == marks:
+            return
+        key, owner = rebuilding_key(self.prefix, fingerprint), uuid.uuid4().hex
+        holder = Holder(message_id=owner, actor="", queue="", lock="healing", state="running")
+        ttl = HEALING_LOCK_INTERVALS * self.heartbeat_interval
+        if not self.backend.acquire(key, owner, limit=1, ttl=ttl, holder=holder).acquired:
+            return  # another worker of this broker rebuilds now
+        try:
+            self._rebuild_and_say(broker)
+            self.backend.set_value(rebuilt_key(self.prefix, fingerprint), marks, ttl=HEALED_TTL)
+        finally:
+            self.backend.release(key, owner)
 
     def _say_what_is_left(self, broker: Broker | None) -> None:
         counted = ""
@@ -361,6 +390,13 @@ class Healing:
                 else:
                     duplicates += 1
         return taken, duplicates, in_hand
+
+
+def _fingerprint(broker: RedisBroker) -> str:
+    """What tells a RedisBroker's messages apart from another's: its server, database and namespace."""
+    connection = broker.client.connection_pool.connection_kwargs
+    where = [connection.get(name) for name in ("host", "port", "path", "db")]
+    return hashlib.sha1(json.dumps([*where, broker.namespace], default=str).encode()).hexdigest()[:16]
 
 
 def _kept_messages(broker: Any) -> Iterator[tuple[Message[Any], bool]]:

@@ -94,6 +94,18 @@ def healed_key(prefix: str) -> str:
     return f"{prefix}:healed"
 
 
+def rebuilding_key(prefix: str, broker: str) -> str:
+    """The key of the lock a worker holds while it takes again the enqueue locks of the messages
+    of one broker (``broker``: its fingerprint) after a loss of the store's data."""
+    return f"{prefix}:rebuilding:{broker}"
+
+
+def rebuilt_key(prefix: str, broker: str) -> str:
+    """The key of the marks of the store's data after whose loss the enqueue locks of the
+    messages of one broker were taken again: no other worker of that broker does it again."""
+    return f"{prefix}:rebuilt:{broker}"
+
+
 def reaper_leader_key(prefix: str) -> str:
     """The key of the lock a reaper run holds while it works: one run at a time."""
     return f"{prefix}:reaper"

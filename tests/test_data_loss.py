@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from dramatiq.brokers.redis import RedisBroker
 from prometheus_client import CollectorRegistry
 
@@ -332,6 +333,48 @@ def test_a_worker_with_lines_says_at_boot_that_the_store_keeps_nothing_on_disk(l
         page = (Path(__file__).parents[1] / "docs" / "deploying-the-lock-store.md").read_text()
         shown = " ".join(page.split("Actors 'export', 'sync' wait in lines", 1)[1].split("```", 1)[0].split())
         assert "Actors 'export', 'sync' wait in lines" + shown.replace("localhost:6379", server) == warning
+
+
+def test_two_applications_sharing_a_lock_prefix_each_take_their_locks_again(store, redis_server, caplog):
+    # Issue 31: the worker that healed the store took again the enqueue locks of its own
+    # RedisBroker's messages only: an application with another RedisBroker and the same lock
+    # prefix had none of its queued messages' locks taken again, and their duplicates ran.
+    envs = []
+    for db in (0, 1):
+        broker = RedisBroker(client=redis.Redis(host=redis_server.host, port=redis_server.port, db=db))
+        broker.emit_after("process_boot")
+        middleware = UniqueJobs(
+            backend=RedisBackend(client=store.client()), lease_period=1000, heartbeat_interval=HEARTBEAT
+        )
+        envs.append(Env("redis", broker, middleware.backend, middleware))
+    runs = [env.run() for env in envs]
+    for run in runs:
+        next(run)
+    try:
+        settles = []
+        for app, env in enumerate(envs):
+
+            @env.actor(queue_name="payments", actor_name=f"settle_{app}", lock="until_executed")
+            def settle(event_id):
+                pass
+
+            settles.append(settle)
+            env.worker(threads=2)
+        firsts = [
+            [settle.send_with_options(args=(f"evt_{app}_{n}",), delay=5_000) for n in range(3)]
+            for app, settle in enumerate(settles)
+        ]
+        wait_for(lambda: all(env.middleware.liveness._epochs_read is not None for env in envs))
+        with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
+            store.kill()
+            store.start()
+            wait_for(lambda: caplog.text.count("took again the enqueue locks of 3 messages") == 2, timeout=10)
+        for settle, sent in zip(settles, firsts, strict=True):
+            for first in sent:
+                assert enqueue_outcome(settle.send(*first.args)).status == "duplicate"
+    finally:
+        for run in runs:
+            next(run, None)
 
 
 @pytest.fixture

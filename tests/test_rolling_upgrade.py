@@ -161,11 +161,14 @@ class Agent:
         return self.log_path.read_text()[-4000:]
 
     def warnings(self) -> list[str]:
-        """The WARNING and ERROR lines the library logged in this process."""
+        """The WARNING and ERROR lines the library logged in this process, but the one this version
+        logs at boot about the test cluster, which keeps nothing on disk (the previous release
+        does not check it): what the versions say of each other's locks."""
         return [
             line
             for line in self.log_path.read_text().splitlines()
             if re.match(r"\S+ \S+ dramatiq_unique\.\S* (WARNING|ERROR|CRITICAL) ", line)
+            and "keeps nothing on disk" not in line
         ]
 
     def close(self) -> None:
