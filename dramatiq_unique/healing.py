@@ -20,7 +20,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dramatiq import Broker, Message
@@ -266,13 +266,43 @@ class Healing:
         broker = self.broker
         if not isinstance(broker, RedisBroker):
             self._say_what_is_left(broker)
+            self._rebuilt = True
         else:
-            self._rebuild_and_say(broker)
-            self.backend.set_value(rebuilt_key(self.prefix, _fingerprint(broker)), self._marks, ttl=HEALED_TTL)
-        self._rebuilt = True
+            # Not yet, while another worker of the same broker rebuilds: the next round looks again.
+            self._rebuilt = self._rebuild_broker(broker, self._marks)
 
-    def _rebuild_and_say(self, broker: RedisBroker) -> None:
-        taken, duplicates, in_hand = self._rebuild(broker)
+    def _rebuild_this_broker(self) -> None:
+        """While another worker heals the store: take again the enqueue locks of the messages
+        of this worker's broker, unless a worker of the same broker does or did for this loss.
+        The worker that heals rebuilds those of its own broker only, and an application with
+        another RedisBroker may share the lock prefix."""
+        if isinstance(self.broker, RedisBroker):
+            self._rebuild_broker(self.broker, self._read_marks())
+
+    def _rebuild_broker(self, broker: RedisBroker, marks: str) -> bool:
+        """Take again the enqueue locks of the messages of ``broker`` after the loss of the marks
+        ``marks``, holding the lock that keeps the other workers of that broker from doing it too.
+
+        Returns:
+          bool: Whether they are taken again, by this worker or another.
+        """
+        fingerprint = _fingerprint(broker)
+        if self.backend.get_value(rebuilt_key(self.prefix, fingerprint)) == marks:
+            return True
+        key, owner = rebuilding_key(self.prefix, fingerprint), uuid.uuid4().hex
+        holder = Holder(message_id=owner, actor="", queue="", lock="healing", state="running")
+        ttl = HEALING_LOCK_INTERVALS * self.heartbeat_interval
+        if not self.backend.acquire(key, owner, limit=1, ttl=ttl, holder=holder).acquired:
+            return False  # another worker of this broker rebuilds now
+        try:
+            self._rebuild_and_say(broker, keep=lambda: self.backend.renew(key, owner, ttl=ttl))
+            self.backend.set_value(rebuilt_key(self.prefix, fingerprint), marks, ttl=HEALED_TTL)
+        finally:
+            self.backend.release(key, owner)
+        return True
+
+    def _rebuild_and_say(self, broker: RedisBroker, *, keep: Callable[[], object]) -> None:
+        taken, duplicates, in_hand = self._rebuild(broker, keep=keep)
         self.logger.warning(
             "After the lock store lost its data, this worker took again the enqueue locks of %d messages that "
             "RedisBroker keeps. %d were taken meanwhile by a duplicate, which may run too. %d, in workers' "
@@ -281,29 +311,6 @@ class Healing:
             duplicates,
             in_hand,
         )
-
-    def _rebuild_this_broker(self) -> None:
-        """While another worker heals the store: take again the enqueue locks of the messages
-        of this worker's broker, unless a worker of the same broker did for this loss. The
-        worker that heals rebuilds those of its own broker only, and an application with
-        another RedisBroker may share the lock prefix."""
-        broker = self.broker
-        if not isinstance(broker, RedisBroker):
-            return
-        fingerprint = _fingerprint(broker)
-        marks = self._read_marks()
-        if self.backend.get_value(rebuilt_key(self.prefix, fingerprint)) == marks:
-            return
-        key, owner = rebuilding_key(self.prefix, fingerprint), uuid.uuid4().hex
-        holder = Holder(message_id=owner, actor="", queue="", lock="healing", state="running")
-        ttl = HEALING_LOCK_INTERVALS * self.heartbeat_interval
-        if not self.backend.acquire(key, owner, limit=1, ttl=ttl, holder=holder).acquired:
-            return  # another worker of this broker rebuilds now
-        try:
-            self._rebuild_and_say(broker)
-            self.backend.set_value(rebuilt_key(self.prefix, fingerprint), marks, ttl=HEALED_TTL)
-        finally:
-            self.backend.release(key, owner)
 
     def _say_what_is_left(self, broker: Broker | None) -> None:
         counted = ""
@@ -329,16 +336,18 @@ class Healing:
             counted,
         )
 
-    def _rebuild(self, broker: Any) -> tuple[int, int, int]:
+    def _rebuild(self, broker: Any, *, keep: Callable[[], object]) -> tuple[int, int, int]:
         taken = duplicates = in_hand = 0
         renew_at = time.monotonic() + self.heartbeat_interval / 1000
 
         def keep_alive() -> None:
-            # A long rebuild keeps, once a heartbeat interval, what a round keeps.
+            # A long rebuild keeps, once a heartbeat interval, its lock and what a round keeps.
             nonlocal renew_at
-            if time.monotonic() >= renew_at and self._owner is not None:
-                self._hold(self._owner)
-                self._refuse()
+            if time.monotonic() >= renew_at:
+                keep()
+                if self._owner is not None:
+                    self._hold(self._owner)
+                    self._refuse()
                 renew_at = time.monotonic() + self.heartbeat_interval / 1000
 
         # Where a newer message takes a queued one's place (replace, debounce), the copies of a
