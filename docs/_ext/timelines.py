@@ -376,9 +376,10 @@ class _Moments:
             # A replaced message that came due, and found a newer one holding the lock.
             self.at(name, "dropped")
 
-    def finished(self, count: int) -> bool:
+    def finished(self, count: int, last: tuple[str, ...] = ("ends", "dropped")) -> bool:
+        """Whether ``count`` messages met one of the ``last`` moments of a message."""
         with self.mutex:
-            ends = [what for moments in self.moments.values() for _, what in moments if what in ("ends", "dropped")]
+            ends = [what for moments in self.moments.values() for _, what in moments if what in last]
             return len(ends) == count
 
 
@@ -454,8 +455,10 @@ def observe_line(scenario: str, backend: LockBackend | None = None) -> tuple[Lan
                 status = outcome.status
                 seen.status[name] = "delayed" if status == "enqueued" and scenario == "debounce" else status
             all_sent.set()
+            # With keep_latest, a message whose place in the line a newer one took is gone for good.
+            last = ("ends", "dropped", "replaced") if scenario == "keep_latest" else ("ends", "dropped")
             deadline = time.monotonic() + 10
-            while not seen.finished(3) and time.monotonic() < deadline:
+            while not seen.finished(3, last) and time.monotonic() < deadline:
                 time.sleep(0.005)
             broker.join(actor.queue_name, timeout=10_000, fail_fast=False)
             worker.join()
