@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -241,13 +242,22 @@ def test_a_message_a_line_handed_a_place_runs_after_the_store_restarted_empty(lo
     # Issue 31 (4): the healing took the handed message's place again, with a new token; at its
     # start the message was refused as "a copy of it started already", its place never lapsed,
     # and every later send waited behind it.
-    env, gate, runs = loss_env, Gate(), []
+    env, first, gate, runs = loss_env, threading.Event(), Gate(), []
 
-    @env.actor(queue_name="posts", lock="until_executed", on_conflict="wait", lock_args_method=lambda key, seq: [key])
+    # Dramatiq runs the lower priority number first: a blocker that comes, runs before post 1.
+    @env.actor(
+        queue_name="posts",
+        priority=100,
+        lock="until_executed",
+        on_conflict="wait",
+        lock_args_method=lambda key, seq: [key],
+    )
     def post(key, seq):
+        if seq == 0:
+            first.wait(10)
         runs.append(seq)
 
-    @env.actor(queue_name="posts")
+    @env.actor(queue_name="posts", priority=0)
     def blocker():
         gate.enter("blocker")
 
@@ -255,12 +265,14 @@ def test_a_message_a_line_handed_a_place_runs_after_the_store_restarted_empty(lo
     env.middleware.subscribe("handed_over", handed.append)
     post.send("k", 0)
     assert enqueue_outcome(post.send("k", 1)).status == "waiting"
-    blocker.send()
-    # The one worker thread runs post 0, which hands its place to post 1, enqueued behind the
-    # blocker; the store restarts empty while post 1 waits in the queue.
+    # The one worker thread runs post 0; the blocker comes; post 0 hands its place to post 1,
+    # enqueued, which waits while the blocker runs; the store restarts empty meanwhile.
     env.worker(threads=1)
-    wait_for(lambda: runs == [0] and len(handed) == 1 and gate.count("blocker") == 1)
     wait_for(lambda: env.middleware.liveness._epochs_read is not None)
+    blocker.send()
+    wait_for(lambda: len(env.seen.enqueues) == 2)  # post 0 and the blocker
+    first.set()
+    wait_for(lambda: runs == [0] and len(handed) == 1 and gate.count("blocker") == 1)
     with caplog.at_level(logging.WARNING, logger="dramatiq_unique"):
         store.kill()
         store.start()
