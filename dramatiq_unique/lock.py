@@ -479,21 +479,20 @@ class MessageLock:
             released = self.backend.release(self.run_key, owner)
             self.emit(RELEASED if released else LAPSED, lock_kind=RUN)
 
-    def give_up_handed_place(self) -> None:
-        """This copy, handed a place by a line, leaves without having started (a middleware before
-        ours skipped it, such as AgeLimit): the place, while it is still the one handed this copy,
-        goes to the next message in line."""
+    def give_up_handed_run_place(self) -> None:
+        """This copy, handed a place by the run lock's line, leaves without having started (a
+        middleware before ours skipped it, such as AgeLimit): the place, while it is still the
+        one handed this copy, goes to the next message in line."""
         if self.handoff is None:
             return
-        key = self.run_key if self.handed_by == RUN else self.enqueue_key
-        for place in self.backend.read([key])[1]:
+        for place in self.backend.read([self.run_key])[1]:
             handed_here = place.owner == self.message_id and place.token == self.handoff
             if (
                 handed_here
                 and place.holder.get("state") == QUEUED
-                and self.backend.release_record(key, place.owner, place.record)
+                and self.backend.release_record(self.run_key, place.owner, place.record)
             ):
-                self.emit(RELEASED, lock_kind=RUN if self.handed_by == RUN else ENQUEUE)
+                self.emit(RELEASED, lock_kind=RUN)
 
     def _claim(self, *, release: bool) -> str:
         answer = self.backend.claim(

@@ -20,6 +20,7 @@ from .conflicts import TRY_AGAIN, conflict_of, strategy_for, waited_in_line
 from .current import _set_current_lock
 from .errors import LockBackendError, LockStoreHealing
 from .events import BACKEND_ERROR, CONFLICT
+from .keys import RUN
 from .lock import LockFactory, MessageLock
 from .options import ActorConfigs
 from .outage import Outage
@@ -142,10 +143,10 @@ class WorkerSide:
             if config is None or not enqueue_outcome(sent).digest:
                 return
             lock = self.lock_for(message, config)
-            if lock.handoff is not None:
-                # A copy a line handed a place: the line goes on without it.
-                self.outage.release(MessageLock.give_up_handed_place, lock, "after it was skipped")
-                return
+            if lock.handoff is not None and lock.handed_by == RUN:
+                # A copy that a run lock's line handed a place, which it would have taken as it
+                # started: the line goes on without it.
+                self.outage.release(MessageLock.give_up_handed_run_place, lock, "after it was skipped")
         self.outage.release(self._give_up, lock, "after it was processed")
 
     @staticmethod
