@@ -248,11 +248,11 @@ class Healing:
         for prefix in self.prefixes:
             self.backend.refuse_new_places(prefix, ttl=ttl)
 
-    def _hold(self, owner: str) -> bool:
-        """Take, or keep, the healing lock."""
+    def _hold(self, owner: str, key: str | None = None) -> bool:
+        """Take, or keep, the healing lock, or the lock at ``key`` of the same kind (a broker's rebuild)."""
         holder = Holder(message_id=owner, actor="", queue="", lock="healing", state="running")
         ttl = HEALING_LOCK_INTERVALS * self.heartbeat_interval
-        return self.backend.acquire(self.key, owner, limit=1, ttl=ttl, holder=holder).acquired
+        return self.backend.acquire(key or self.key, owner, limit=1, ttl=ttl, holder=holder).acquired
 
     def _release(self, *, watch: bool) -> None:
         """Stop healing, and give the healing lock up; ``watch``: take over if another heals and stops."""
@@ -290,12 +290,10 @@ class Healing:
         if self.backend.get_value(rebuilt_key(self.prefix, fingerprint)) == marks:
             return True
         key, owner = rebuilding_key(self.prefix, fingerprint), uuid.uuid4().hex
-        holder = Holder(message_id=owner, actor="", queue="", lock="healing", state="running")
-        ttl = HEALING_LOCK_INTERVALS * self.heartbeat_interval
-        if not self.backend.acquire(key, owner, limit=1, ttl=ttl, holder=holder).acquired:
+        if not self._hold(owner, key):
             return False  # another worker of this broker rebuilds now
         try:
-            self._rebuild_and_say(broker, keep=lambda: self.backend.renew(key, owner, ttl=ttl))
+            self._rebuild_and_say(broker, keep=lambda: self._hold(owner, key))
             self.backend.set_value(rebuilt_key(self.prefix, fingerprint), marks, ttl=HEALED_TTL)
         finally:
             self.backend.release(key, owner)

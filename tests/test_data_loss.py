@@ -389,6 +389,15 @@ def test_two_applications_sharing_a_lock_prefix_each_take_their_locks_again(stor
             next(run, None)
 
 
+def test_a_server_that_denies_config_is_not_said_to_keep_nothing_on_disk(store):
+    # Issue 31 (9): a managed service or an ACL that denies CONFIG GET is not checked, not guessed.
+    admin = store.client()
+    admin.acl_setuser("locks", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-config"])
+    denied = redis.Redis(port=store.port, username="locks", password="pw")
+    assert RedisBackend(client=admin).unpersisted_servers() == (f"localhost:{store.port}",)
+    assert RedisBackend(client=denied).unpersisted_servers() == ()
+
+
 @pytest.fixture
 def healing_env(store, redis_client):
     """As loss_env, with heartbeats a second apart: the store heals for two seconds."""

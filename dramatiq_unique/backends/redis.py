@@ -279,10 +279,7 @@ class RedisBackend(LockBackend):
         without ``maxmemory`` evicts nothing, and ``accepted_eviction_policy`` is no risk."""
         client: Any = self.client
         try:
-            if _is_cluster(client):
-                reports = {node.name: client.info("memory", target_nodes=node) for node in client.get_primaries()}
-            else:
-                reports = {_server_name(client): client.info("memory")}
+            reports = {server: client.info("memory", **target) for server, target in self._masters()}
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
         risks = []
@@ -297,26 +294,28 @@ class RedisBackend(LockBackend):
         """The servers, every master of a Redis Cluster, with ``appendonly no`` and no ``save``
         schedule. A server that denies ``CONFIG GET`` (a managed service, an ACL) is not named."""
         client: Any = self.client
+        unpersisted = []
         try:
-            masters = (
-                [(node.name, node) for node in client.get_primaries()]
-                if _is_cluster(client)
-                else [(_server_name(client), None)]
-            )
-            unpersisted = []
-            for server, node in sorted(masters, key=lambda master: master[0]):
-                target = {} if node is None else {"target_nodes": node}
+            for server, target in self._masters():
                 if int(client.info("persistence", **target).get("aof_enabled", 0)):
                     continue
                 try:
                     save = client.config_get("save", **target)
                 except redis.ResponseError:
                     continue
-                if not str(next(iter(save.values()), "")).strip():
+                if not str(save.get("save", "")).strip():
                     unpersisted.append(server)
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
         return tuple(unpersisted)
+
+    def _masters(self) -> list[tuple[str, dict[str, Any]]]:
+        """Each server that holds locks, in order: its name, and the keyword arguments that send
+        a command of the client to it (none for one server)."""
+        client: Any = self.client
+        if not _is_cluster(client):
+            return [(_server_name(client), {})]
+        return sorted(((node.name, {"target_nodes": node}) for node in client.get_primaries()), key=lambda m: m[0])
 
     def acquire(
         self,

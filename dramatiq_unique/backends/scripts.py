@@ -112,18 +112,16 @@ class ScriptCaller:
             try:
                 return self._fcall(name, keys, args)
             except redis.ResponseError as e:
-                if _fcall_denied(e):
-                    # An ACL that lets this user load the library but not call it: the same
-                    # scripts run by EVALSHA from now on.
-                    self.functions = False
-                elif _NOT_LOADED not in str(e).lower():
-                    raise
-                else:
+                if _NOT_LOADED in str(e).lower():
                     # The function never ran: load the library, and call again. On a cluster, on every
                     # master: the one that answered may not be the slot's owner in the client's map but
                     # the master a moving slot's key went to already (ASK), which redis-py does not name.
                     self.load()
                     return self._fcall(name, keys, args)
+                if not _fcall_denied(e):
+                    raise
+                # An ACL lets this user load the library but not call it: EVALSHA from now on.
+                self.functions = False
         try:
             return self.client.evalsha(self.scripts.shas[name], len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
@@ -233,8 +231,7 @@ def _retries(client: Any) -> int:
 
 def _fcall_denied(error: redis.ResponseError) -> bool:
     """Whether ``error`` is an ACL's refusal of the FCALL command itself (not of the keys)."""
-    text = str(error).lower()
-    return _refused(error) and "'fcall'" in text
+    return _refused(error) and "'fcall'" in str(error).lower()
 
 
 def _refused(error: redis.ResponseError) -> bool:
