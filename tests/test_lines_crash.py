@@ -24,7 +24,9 @@ from dramatiq_unique import RedisBackend, UniqueJobs
 from .support import wait_for
 from .test_concurrency import processes, wait_until_ready  # noqa: F401 (fixture)
 
-WORKER_SCRIPT = """
+#: What a worker script of these tests starts with: its Redis, and a middleware that says when
+#: its Worker booted (start_worker waits for it).
+WORKER_PREAMBLE = """
 import os, random, time
 import dramatiq, redis
 from dramatiq.brokers.redis import RedisBroker
@@ -38,7 +40,11 @@ client = redis.Redis.from_url(URL)
 class Ready(Middleware):
     def after_worker_boot(self, broker, worker):
         client.rpush("test:ready", os.getpid())
+"""
 
+WORKER_SCRIPT = (
+    WORKER_PREAMBLE
+    + """
 
 broker = RedisBroker(url=URL, heartbeat_timeout=1000, maintenance_chance=500_000)
 unique = UniqueJobs(
@@ -60,16 +66,18 @@ def post(account, seq):
     time.sleep(random.uniform(0.05, 0.15))
     client.rpush("test:runs", f"end {account} {seq} {pid} {time.time()}")
 """
+)
 
 ACCOUNTS, PER_ACCOUNT = 3, 30
 
 
-def start_worker(processes, tmp_path, redis_url, client):  # noqa: F811
-    (tmp_path / "ledger.py").write_text(WORKER_SCRIPT)
+def start_worker(processes, tmp_path, redis_url, client, *, script=WORKER_SCRIPT, module="ledger"):  # noqa: F811
+    """A `dramatiq` process of two threads running ``script`` as ``module``, once its Worker booted."""
+    (tmp_path / f"{module}.py").write_text(script)
     path = os.pathsep.join([str(Path(dramatiq_unique.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
     client.delete("test:ready")
     cli = processes(
-        ["-m", "dramatiq", "ledger:broker", "--processes", "1", "--threads", "2"],
+        ["-m", "dramatiq", f"{module}:broker", "--processes", "1", "--threads", "2"],
         UNIQUE_TEST_REDIS_URL=redis_url,
         PYTHONPATH=path,
     )

@@ -4,43 +4,32 @@ run's start and end, each attempt, each message skipped."""
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import dramatiq
 import pytest
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import TimeLimit
 
-import dramatiq_unique
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
 
 from .support import wait_for
-from .test_concurrency import processes, wait_until_ready  # noqa: F401 (fixture)
+from .test_concurrency import processes  # noqa: F401 (fixture)
+from .test_lines_crash import WORKER_PREAMBLE, start_worker
 
-WORKER_SCRIPT = """
-import os, time
-import dramatiq, redis
-from dramatiq.brokers.redis import RedisBroker
-from dramatiq.middleware import Middleware, TimeLimit
-from dramatiq_unique import RedisBackend, UniqueJobs
+WORKER_SCRIPT = (
+    WORKER_PREAMBLE
+    + """
 
-URL = os.environ["UNIQUE_TEST_REDIS_URL"]
-client = redis.Redis.from_url(URL)
-
-
-class Record(Middleware):
-    def after_worker_boot(self, broker, worker):
-        client.rpush("test:ready", os.getpid())
-
+class Skipped(Middleware):
     def after_skip_message(self, broker, message):
         client.rpush("test:skipped", repr(message.args))
 
 
 broker = RedisBroker(url=URL)
 broker.add_middleware(UniqueJobs(backend=RedisBackend(url=URL)), before=TimeLimit)
-broker.add_middleware(Record())
+broker.add_middleware(Ready())
+broker.add_middleware(Skipped())
 
 
 @dramatiq.actor(
@@ -64,23 +53,13 @@ def sync(account, seq):
         time.sleep(0.01)
     client.rpush("test:runs", f"end {seq}")
 """
+)
 
 
 @pytest.fixture
 def worker(processes, tmp_path, redis_url, redis_client):  # noqa: F811
-    """A `dramatiq` process of two threads running the script above, once the test sent what it sends first."""
-    (tmp_path / "documents.py").write_text(WORKER_SCRIPT)
-    path = os.pathsep.join([str(Path(dramatiq_unique.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
-
-    def start():
-        cli = processes(
-            ["-m", "dramatiq", "documents:broker", "--processes", "1", "--threads", "2"],
-            UNIQUE_TEST_REDIS_URL=redis_url,
-            PYTHONPATH=path,
-        )
-        wait_until_ready(redis_client, [cli])
-
-    return start
+    """Starts a `dramatiq` process running the script above, once the test sent what it sends first."""
+    return lambda: start_worker(processes, tmp_path, redis_url, redis_client, script=WORKER_SCRIPT, module="documents")
 
 
 @pytest.fixture
