@@ -108,13 +108,16 @@ def measure_all(url: str) -> dict[str, list[Run]]:
     """Every variant once a round, interleaved, for ROUNDS rounds."""
     results: dict[str, list[Run]] = {name: [] for name in VARIANTS}
     worker_threads = logging.getLogger("dramatiq.worker.WorkerThread")
+    middleware = logging.getLogger("dramatiq_unique.middleware.UniqueJobs")
     worker_threads.addFilter(not_skipped)
+    middleware.addFilter(not_about_persistence)
     try:
         for _ in range(ROUNDS):
             for name, options in VARIANTS.items():
                 results[name].append(measure(url, name, options))
     finally:
         worker_threads.removeFilter(not_skipped)
+        middleware.removeFilter(not_about_persistence)
     return results
 
 
@@ -122,6 +125,12 @@ def not_skipped(record: logging.LogRecord) -> bool:
     """Drops the worker's warning of a skipped message: the workaround's reschedules skip hundreds
     a run on purpose, and their warnings would bury the figures."""
     return record.msg != "Message %s was skipped."
+
+
+def not_about_persistence(record: logging.LogRecord) -> bool:
+    """Drops the boot warning of a lock store that keeps nothing on disk: the benchmark's servers
+    keep nothing on purpose, and the worker of every run would say so again."""
+    return "keeps nothing on disk" not in record.msg
 
 
 def describe(results: dict[str, list[Run]]) -> list[str]:
