@@ -292,6 +292,8 @@ class ClientSide:
         lock: MessageLock | None = None
         try:
             lock = self.lock_for(message, config)
+            if lock.cut_off:
+                return  # its place waits for it as the line recorded it
             lock.take_handed_place()
         except Exception as e:
             if lock is not None and isinstance(e, LockBackendError):
@@ -308,6 +310,8 @@ class ClientSide:
         lock: MessageLock | None = None
         try:
             lock = self.lock_for(message, config)
+            if lock.cut_off:
+                return  # it keeps its locks as they are: it cannot take them again
             # A re-enqueue never takes another message's place.
             acquisition = lock.acquire_enqueue(delay, may_replace=False)
         except Exception as e:

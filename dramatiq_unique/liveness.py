@@ -83,6 +83,9 @@ class Liveness:
       in_hand(collections.abc.Callable): What each heartbeat publishes of the messages in
         this process's hands, or ``None`` for nothing; given a time of the backend's clock
         that is not yet past.
+      on_cut_off(collections.abc.Callable): Called with ``True`` when no heartbeat has been
+        answered for a whole lease period, and with ``False`` when one is answered again; and
+        with the milliseconds since the last heartbeat that was answered.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class Liveness:
         events: Events,
         running: Callable[[], bool],
         in_hand: Callable[[int], MessagesInHand | None] = lambda taken_at: None,
+        on_cut_off: Callable[[bool, int], None] = lambda cut_off, since: None,
     ):
         self.backend = backend
         self.events = events
@@ -109,6 +113,7 @@ class Liveness:
         self.logger = logger
         self._running = running
         self._in_hand = in_hand
+        self._on_cut_off = on_cut_off
         self._mutex = threading.Lock()
         self._leases: dict[tuple[str, str], _Lease] = {}
         self._pending: dict[tuple[str, str], int] = {}
@@ -117,6 +122,11 @@ class Liveness:
         self._synced: tuple[int, float, float] | None = None
         #: Heartbeats that failed in a row.
         self._failed_heartbeats = 0
+        #: When a heartbeat was last answered, or the first one sent (our monotonic clock, s).
+        self._answered_at: float | None = None
+        #: Whether no heartbeat has been answered for a whole lease period: the run locks of this
+        #: process have lapsed, and what it publishes of its messages is out of date.
+        self.cut_off = False
         #: The marks of the store's data as last read (see LockBackend.epochs), and when (monotonic, s).
         self._epochs: dict[str, str] = {}
         self._epochs_read: float | None = None
@@ -172,7 +182,7 @@ class Liveness:
         """The first heartbeat of a worker process, before it takes any message,
         and the departure from the registries of processes that died long ago."""
         # The periodic thread's first round is measured from here: it may already be late.
-        self._last_round = self._renewed_at = time.monotonic()
+        self._last_round = self._renewed_at = self._answered_at = time.monotonic()
         now = self._beat()
         if now is None:
             return
@@ -213,6 +223,8 @@ class Liveness:
         self._leases = {}
         self._pending = {}
         self._failed_heartbeats = 0
+        self._answered_at = None
+        self.cut_off = False
         self._last_round = None
         self._renewed_at = None
         self._epochs, self._epochs_read = {}, None
@@ -338,13 +350,22 @@ class Liveness:
             error,
             self.heartbeat_interval,
         )
+        answered_at = self._answered_at
+        since = 0 if answered_at is None else int((time.monotonic() - answered_at) * 1000)
+        if not self.cut_off and answered_at is not None and since >= self.lease_period:
+            self.cut_off = True
+            self._on_cut_off(True, since)
 
     def _heartbeat_answered(self) -> None:
+        answered_at, self._answered_at = self._answered_at, time.monotonic()
         if self._failed_heartbeats:
             self.logger.info(
                 "Worker %r sends its heartbeat again, after %d that failed.", self.worker_id, self._failed_heartbeats
             )
             self._failed_heartbeats = 0
+        if self.cut_off and answered_at is not None:
+            self.cut_off = False
+            self._on_cut_off(False, int((self._answered_at - answered_at) * 1000))
 
     def _refusing(self) -> bool:
         """Whether the store refuses new places as this worker boots: a process found that it lost

@@ -124,6 +124,12 @@ class MessageLock:
         self.handed_by = outcome.line if outcome.handoff is not None else None
 
     @property
+    def cut_off(self) -> bool:
+        """Whether this worker process has reached no lock store for a lease period
+        (see ``dramatiq_unique.cut_off``): it can neither take nor keep a lock."""
+        return self.liveness is not None and self.liveness.cut_off
+
+    @property
     def enqueue_key(self) -> str:
         return enqueue_key(self.config.lock_prefix, self.digest)
 

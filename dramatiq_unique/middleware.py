@@ -26,6 +26,7 @@ from .keys import reaper_schedule_key
 from .lock import LockFactory
 from .metrics import PrometheusMetrics, warn_if_prometheus_follows
 from .options import (
+    ALLOW,
     DEFAULT_ACTIVITY,
     DEFAULT_BACKGROUND_RELEASES,
     DEFAULT_DEBOUNCE,
@@ -245,6 +246,7 @@ class UniqueJobs(Middleware):
             periodic_tasks=periodic_tasks,
             healing=lambda data_lost: self.healing(data_lost),
             hand_over_healing=lambda: self.healing.hand_over(),
+            holds_back_when_cut_off=on_backend_error != ALLOW,
         )
         #: The parts of the runtime that each message's locks use.
         self.liveness = self.runtime.liveness

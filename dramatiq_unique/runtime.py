@@ -42,6 +42,7 @@ from functools import partial
 
 from .activity import ActivityCounter
 from .backends import LockBackend
+from .cut_off import CutOff
 from .errors import LockBackendError
 from .events import Events
 from .in_hand import InHand
@@ -90,6 +91,8 @@ class Runtime:
         lost its data, after the run locks of the running messages were taken again, with
         ``True``; and with ``False`` by each round after, for as long as it answers ``True``: it heals still.
       hand_over_healing(collections.abc.Callable): Called when the last Worker stops.
+      holds_back_when_cut_off(bool): Whether a worker cut off from the lock store for a lease
+        period runs no message with a lock until it answers (see ``dramatiq_unique.cut_off``).
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class Runtime:
         periodic_tasks: Sequence[Callable[[int], None]] = (),
         healing: Callable[[bool], bool] | None = None,
         hand_over_healing: Callable[[], None] | None = None,
+        holds_back_when_cut_off: bool = True,
     ):
         self.logger = logger
         #: The backend of the threads that send, whose lock store's marks it may have seen.
@@ -119,6 +123,7 @@ class Runtime:
         #: The messages in this process's hands, published with each heartbeat where the broker
         #: cannot be asked for a message by its id.
         self.in_hand = InHand(interval=heartbeat_interval)
+        self.cut_off = CutOff(holds_back=holds_back_when_cut_off, workers=self._booted_workers, logger=logger)
         self.liveness = Liveness(
             periodic_backend,
             prefix=prefix,
@@ -128,6 +133,7 @@ class Runtime:
             events=events,
             running=lambda: self.running,
             in_hand=self.in_hand.publication,
+            on_cut_off=self.cut_off.changed,
         )
         self.releases = (
             BackgroundReleases(backend, logger=logger, events=events, retry=self.liveness.retry_release)
@@ -185,6 +191,10 @@ class Runtime:
         return self._serving and periodic is not None and periodic[0].is_alive()
 
     # Workers ---------------------------------------------------------------------
+
+    def _booted_workers(self) -> list[object]:
+        with self._mutex:
+            return list(self._workers.values())
 
     def worker_booted(self, worker: object, *, publish_in_hand: bool = False) -> None:
         """Start a worker's background work, if ``worker`` is the first Worker of
@@ -441,6 +451,7 @@ class Runtime:
         self._hub = None
         self.liveness.reset_after_fork()
         self.in_hand.reset_after_fork()
+        self.cut_off.reset_after_fork()
         if self.releases is not None:
             self.releases.reset_after_fork()
         if self.activity is not None:

@@ -87,6 +87,8 @@ class WorkerSide:
             self._dead_letter(message, outcome)
         lock = self.lock_for(message, config, outcome)
         thread.processing = lock
+        if lock.cut_off and not self.outage.allows:
+            self._enqueue_again(broker, lock, logging.INFO, "this worker cannot reach the lock store")
         try:
             acquisition = self._take(lock)
         except LockStoreHealing as e:
@@ -186,28 +188,32 @@ class WorkerSide:
         strategy.on_server_conflict(conflict)
 
     def _wait_for_healing(self, broker: Broker, lock: MessageLock, error: LockStoreHealing) -> NoReturn:
-        """The store heals after a loss of its data, for a few heartbeat intervals: the message is
-        enqueued again after ``reschedule_delay``, its retries and reschedules untouched."""
-        message = lock.message
-        # Never sooner than a heartbeat: the healing ends at one, after two heartbeat intervals.
-        liveness = lock.liveness
-        delay = max(lock.config.reschedule_delay, liveness.heartbeat_interval if liveness is not None else 0)
+        """The store heals after a loss of its data, for a few heartbeat intervals."""
         # One WARNING a minute at most (a healing lasts a few heartbeat intervals), INFO for the others.
         now = time.monotonic()
         level = logging.WARNING if now - self._warned_of_healing > HEALING_WARNING_EVERY else logging.INFO
         if level == logging.WARNING:
             self._warned_of_healing = now
+        self._enqueue_again(broker, lock, level, str(error))
+
+    def _enqueue_again(self, broker: Broker, lock: MessageLock, level: int, reason: str) -> NoReturn:
+        """The message does not run now, for want of the lock store: it is enqueued again
+        after ``reschedule_delay``, its retries and reschedules untouched."""
+        message = lock.message
+        # Never sooner than a heartbeat: the store is seen to answer again, or to have healed, at one.
+        liveness = lock.liveness
+        delay = max(lock.config.reschedule_delay, liveness.heartbeat_interval if liveness is not None else 0)
         self.logger.log(
             level,
             "Message %r of actor %r is enqueued again to start in %d ms: %s",
             message.message_id,
             message.actor_name,
             delay,
-            error,
+            reason,
         )
         # The copy keeps the message_id, so it keeps the enqueue lock the message holds.
         broker.enqueue(message.copy(), delay=delay)
-        raise SkipMessage("The lock store heals.")
+        raise SkipMessage(f"The message is enqueued again: {reason}.")
 
     def _dead_letter(self, message: MessageProxy, outcome: EnqueueOutcome) -> NoReturn:
         """A message marked rejected (its ``outcome``) goes to the dead-letter queue unrun."""

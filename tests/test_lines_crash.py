@@ -73,8 +73,9 @@ def post(account, seq):
 ACCOUNTS, PER_ACCOUNT = 3, 30
 
 
-def start_worker(processes, tmp_path, redis_url, client, *, script=WORKER_SCRIPT, module="ledger"):  # noqa: F811
-    """A `dramatiq` process of two threads running ``script`` as ``module``, once its Worker booted."""
+def start_worker(processes, tmp_path, redis_url, client, *, script=WORKER_SCRIPT, module="ledger", **env):  # noqa: F811
+    """A `dramatiq` process of two threads running ``script`` as ``module``, once its Worker
+    booted; ``env`` adds to its environment."""
     (tmp_path / f"{module}.py").write_text(script)
     path = os.pathsep.join([str(Path(dramatiq_unique.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
     client.delete("test:ready")
@@ -82,6 +83,7 @@ def start_worker(processes, tmp_path, redis_url, client, *, script=WORKER_SCRIPT
         ["-m", "dramatiq", f"{module}:broker", "--processes", "1", "--threads", "2"],
         UNIQUE_TEST_REDIS_URL=redis_url,
         PYTHONPATH=path,
+        **env,
     )
     wait_until_ready(client, [cli])
     cli.worker_pid = int(client.lindex("test:ready", 0))
