@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -44,6 +43,7 @@ from .activity import ActivityCounter
 from .backends import LockBackend
 from .errors import LockBackendError
 from .events import Events
+from .forks import reset_in_child
 from .in_hand import InHand
 from .liveness import Liveness
 from .native import (
@@ -152,12 +152,11 @@ class Runtime:
         self._heal = healing
         self._hand_over_healing = hand_over_healing
         self._init_state()
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _reset_in_child(ref))
+        reset_in_child(self._reset_in_child)
         if self.activity is not None:
             # The periodic thread is a daemon: without this, a process that sends and
             # exits would lose what it counted since its last flush.
-            atexit.register(_close_activity, ref)
+            atexit.register(_close_activity, weakref.ref(self))
 
     def _init_state(self) -> None:
         #: Guards the state below; never held during a round trip or a join.
@@ -474,12 +473,6 @@ def _rounds(ref: weakref.ref[Runtime], interval: float, stop: StopEvent) -> None
         except Exception:  # the thread must outlive anything
             runtime.logger.exception("The periodic thread of worker %r failed.", runtime.liveness.worker_id)
         del runtime
-
-
-def _reset_in_child(ref: weakref.ref[Runtime]) -> None:
-    runtime = ref()
-    if runtime is not None:
-        runtime._reset_in_child()
 
 
 def _close_activity(ref: weakref.ref[Runtime]) -> None:
