@@ -192,12 +192,14 @@ class Liveness:
         """When the last Worker of the process stopped: try the failed releases
         once more, report those still failing, and leave the registries."""
         self._retry_releases()
-        for key, owner in self._pending:
+        for (key, owner), until in self._pending.items():
             self.logger.error(
-                "The lock %r of %r could not be released before this worker stopped; "
-                "the orphan reaper or its lock_ttl will free it.",
+                "The lock %r of %r could not be released before this worker stopped; %s",
                 key,
                 owner,
+                f"its lease, no longer renewed, frees it within lease_period ({self.lease_period} ms)."
+                if until is not None
+                else "the orphan reaper or its lock_ttl will free it.",
             )
         for key in self.registry_keys:
             try:

@@ -271,6 +271,37 @@ def test_the_failed_release_of_a_run_lock_is_not_tried_again_once_its_lease_ran_
         next(runs, None)
 
 
+def test_a_worker_that_stops_before_the_failed_release_of_a_run_lock_worked_says_its_lease_frees_it(server, caplog):
+    # Issue 32 (8): the run lock's failed release, now tried again, is still failing when the
+    # worker stops: what frees it is its lease, not the orphan reaper or a lock_ttl it may not have.
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=server.client())
+    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=60_000, heartbeat_interval=100))
+    runs = env.run()
+    next(runs)
+    try:
+        gate = Gate()
+
+        @env.actor(lock="while_executing")
+        def sync(account_id):
+            gate.enter(account_id)
+
+        sync.send("acct_1")
+        worker = env.worker(threads=1)
+        wait_for(lambda: gate.runs == ["acct_1"])
+        server.stop()
+        with caplog.at_level(logging.WARNING):
+            gate.open()
+            wait_for(lambda: any("could not be released" in line for line in unique_warnings(caplog)))
+            worker.stop()
+        [line] = [line for line in unique_warnings(caplog) if "before this worker stopped" in line]
+        assert line.endswith("its lease, no longer renewed, frees it within lease_period (60000 ms)."), line
+    finally:
+        server.start()
+        next(runs, None)
+
+
 @pytest.mark.parametrize("outage_env", ["raise"], indirect=True)
 def test_a_rescheduled_message_that_comes_due_during_an_outage_tries_again_later(outage_env, server, caplog):
     # L6: the move out of the delay queue used to raise LockBackendError in the consumer thread:
