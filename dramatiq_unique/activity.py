@@ -50,7 +50,8 @@ class ActivityCounter:
       logger(logging.Logger): Where failed flushes are reported.
       on_counts(collections.abc.Callable): Called when a count is made while none
         waits: there is something to flush again.
-      on_close(collections.abc.Callable): Called by :meth:`close` before its last flush.
+      on_close(collections.abc.Callable): Called by :meth:`close` to write what is left;
+        ``None`` for a flush in the thread that closes.
       retention(int): Milliseconds the counts of a minute are kept.
     """
 
@@ -62,7 +63,7 @@ class ActivityCounter:
         clock: Callable[[], int | None],
         logger: logging.Logger,
         on_counts: Callable[[], None] = _nothing,
-        on_close: Callable[[], None] = _nothing,
+        on_close: Callable[[], None] | None = None,
         retention: int = ACTIVITY_RETENTION,
     ):
         self.backend = backend
@@ -70,13 +71,17 @@ class ActivityCounter:
         self.clock = clock
         self.logger = logger
         self.on_counts = on_counts
-        self.on_close = on_close
+        self.on_close = on_close or self.flush
         self.retention = retention
         self._mutex = threading.Lock()
         #: (minute, actor, kind) -> count, not flushed yet.
         self._counts: dict[tuple[int, str, str], int] = {}
+        #: The counts of the flushes waiting for the backend's answer.
+        self._sending: list[dict[tuple[int, str, str], int]] = []
         self._closed = False
         self._failing = False
+        #: Why the last flush failed; ``None`` when it succeeded.
+        self.last_error: LockBackendError | None = None
 
     def __call__(self, actor_name: str, kind: str) -> None:
         """Count one event of ``kind`` about ``actor_name`` (an :meth:`Events.add_counter` counter)."""
@@ -107,8 +112,9 @@ class ActivityCounter:
         they would be kept in the backend)."""
         with self._mutex:
             counts, self._counts = self._counts, {}
-        if not counts:
-            return
+            if not counts:
+                return
+            self._sending.append(counts)
         by_key: dict[str, dict[str, int]] = {}
         for (minute, actor, kind), count in counts.items():
             by_key.setdefault(activity_key(self.prefix, minute), {})[f"{actor}|{kind}"] = count
@@ -117,28 +123,60 @@ class ActivityCounter:
         except LockBackendError as e:
             oldest = (self._now() - self.retention) // MINUTE
             with self._mutex:
+                self._sending.remove(counts)
                 for key, count in counts.items():
                     if key[0] >= oldest:
                         self._counts[key] = self._counts.get(key, 0) + count
-            # The outage itself is reported where locks meet it; these counts only wait.
-            if not self._failing:
+            self.last_error = e
+            # The outage itself is reported where locks meet it; these counts only wait (a closed
+            # counter's are reported as it closes).
+            if not self._failing and not self._closed:
                 self.logger.info("The lock activity counts could not be saved; they are tried again later: %s", e)
             self._failing = True
             return
+        with self._mutex:
+            self._sending.remove(counts)
         self._failing = False
+        self.last_error = None
 
     def close(self) -> None:
-        """Flush what is left, and flush no more from a process that only sends:
+        """Write what is left, and flush no more from a process that only sends:
         later events are only flushed by a worker's periodic thread."""
         self._closed = True
         self.on_close()
-        self.flush()
+
+    def unwritten(self) -> dict[str, int]:
+        """The events counted and not written to the backend yet, waiting or being
+        written, per actor."""
+        per_actor: dict[str, int] = {}
+        with self._mutex:
+            for counts in (self._counts, *self._sending):
+                for (_, actor, _), count in counts.items():
+                    per_actor[actor] = per_actor.get(actor, 0) + count
+        return per_actor
+
+    def give_up(self, why: str) -> None:
+        """Say at WARNING which counts a closed counter leaves unwritten, if any, and ``why``,
+        and forget those that wait: a later close does not report them again."""
+        per_actor = self.unwritten()
+        with self._mutex:
+            self._counts = {}
+        if not per_actor:
+            return
+        self.logger.warning(
+            "The last lock activity counts of this process were not written (lock events of actors %s: %d): %s. "
+            "They are missing from the lock activity; no lock is affected.",
+            ", ".join(repr(actor) for actor in sorted(per_actor)),
+            sum(per_actor.values()),
+            why,
+        )
 
     def reset_after_fork(self) -> None:
         """In a forked child: the parent flushes what it counted, and the parent's
         mutex may have been held by one of its threads at the fork."""
         self._mutex = threading.Lock()
         self._counts = {}
+        self._sending = []
 
     def _now(self) -> int:
         now = self.clock()

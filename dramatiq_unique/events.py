@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .forks import reset_in_child
+
 #: A message took a place in a lock.
 ACQUIRED = "acquired"
 #: A message met a lock held by others; its conflict strategy decides what becomes of it.
@@ -162,6 +164,7 @@ class Events:
     def __init__(self, *, logger: logging.Logger):
         self.logger = logger
         self._mutex = threading.Lock()
+        reset_in_child(self._reset_in_child)
         # Replaced whole on every change, so that emit() reads it without the mutex.
         self._subscribers: dict[str, tuple[Subscriber, ...]] = {}
         #: Called with (actor_name, kind) of every event, whether or not it is built.
@@ -250,6 +253,10 @@ class Events:
                     e,
                     exc_info=first or self.logger.isEnabledFor(logging.DEBUG),
                 )
+
+    def _reset_in_child(self) -> None:
+        # A thread of the parent may have held the mutex at the fork.
+        self._mutex = threading.Lock()
 
     @staticmethod
     def _kinds(kind: str | Iterable[str]) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ import time
 from itertools import groupby
 
 from .backends import EvictionRisk, LockBackend
+from .forks import reset_in_child
 
 #: Seconds before a policy that could not be read is read again.
 _RETRY_AFTER = 60.0
@@ -37,6 +38,11 @@ class EvictionCheck:
         #: When to read the policy again after a read that failed (monotonic, s), and whether one failed.
         self._retry_at = 0.0
         self._failed = False
+        self._mutex = threading.Lock()
+        reset_in_child(self._reset_in_child)
+
+    def _reset_in_child(self) -> None:
+        # A thread of the parent may have held the mutex at the fork.
         self._mutex = threading.Lock()
 
     def __call__(self) -> None:

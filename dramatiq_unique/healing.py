@@ -16,10 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +29,7 @@ from dramatiq.errors import DecodeError
 from .backends import Holder, LockBackend
 from .backends.base import UNHEALED_REFUSAL
 from .errors import InvalidLockOptions, LockBackendError
+from .forks import reset_in_child
 from .in_hand import held_by_live_workers
 from .keys import healed_key, healing_key, rebuilding_key, rebuilt_key, registry_key
 from .lock import LockFactory
@@ -84,8 +83,12 @@ class Healing:
         self.broker: Broker | None = None
         self._forget()
         self._reset_rounds()
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
+        reset_in_child(self._reset_in_child)
+
+    def _reset_in_child(self) -> None:
+        """In a forked child: none of the parent's healing, or of its rounds, is this process's."""
+        self._forget()
+        self._reset_rounds()
 
     def _forget(self) -> None:
         """No healing: none begun, or (in a forked child) none of this process's."""
@@ -420,10 +423,3 @@ def _kept_messages(broker: Any) -> Iterator[tuple[Message[Any], bool]]:
                 except DecodeError:
                     continue  # no worker can run it either: Dramatiq dead-letters it when it is fetched
                 yield message, redis_id in waiting
-
-
-def _forget_in_child(ref: weakref.ref[Healing]) -> None:
-    healing = ref()
-    if healing is not None:
-        healing._forget()
-        healing._reset_rounds()

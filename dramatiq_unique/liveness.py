@@ -116,7 +116,8 @@ class Liveness:
         self._on_cut_off = on_cut_off
         self._mutex = threading.Lock()
         self._leases: dict[tuple[str, str], _Lease] = {}
-        self._pending: dict[tuple[str, str], int] = {}
+        #: The places whose release failed, tried again each round, with when each frees itself.
+        self._pending: dict[tuple[str, str], int | None] = {}
         #: The backend's clock at the last heartbeat (ms), and our monotonic clock (s) when it
         #: was sent and when it was answered: the server read its clock in between.
         self._synced: tuple[int, float, float] | None = None
@@ -201,12 +202,14 @@ class Liveness:
         """When the last Worker of the process stopped: try the failed releases
         once more, report those still failing, and leave the registries."""
         self._retry_releases()
-        for key, owner in self._pending:
+        for (key, owner), until in self._pending.items():
             self.logger.error(
-                "The lock %r of %r could not be released before this worker stopped; "
-                "the orphan reaper or its lock_ttl will free it.",
+                "The lock %r of %r could not be released before this worker stopped; %s",
                 key,
                 owner,
+                f"its lease, no longer renewed, frees it within lease_period ({self.lease_period} ms)."
+                if until is not None
+                else "the orphan reaper or its lock_ttl will free it.",
             )
         for key in self.registry_keys:
             try:
@@ -258,14 +261,20 @@ class Liveness:
                     expires_at=expires_at, deadline=deadline, subject=subject, limit=limit, holder=holder
                 )
 
-    def drop(self, key: str, owner: str) -> None:
+    def drop(self, key: str, owner: str) -> int | None:
         """Stop renewing this run lock: its message finished. Tells of a lease that ran out
-        meanwhile, unrenewed."""
+        meanwhile, unrenewed.
+
+        Returns:
+          int: When its lease ends, in ms of the backend's clock; ``None`` for a place not renewed here.
+        """
         with self._mutex:
             lease = self._leases.pop((key, owner), None)
+        if lease is None:
+            return None
         now = self.backend_time()
-        if lease is None or now is None or lease.expires_at > now:
-            return
+        if now is None or lease.expires_at > now:
+            return lease.expires_at
         # A round may have started since, and wait for the backend: what counts is when the
         # leases were last all gone through.
         stalled = self._stalled_since(self._renewed_at)
@@ -274,13 +283,19 @@ class Liveness:
         else:
             self._report_lapsed(key)
         self.events.notify_about(lease.subject, LEASE_LOST, lock_kind=RUN)
+        return lease.expires_at
 
-    def retry_release(self, key: str, owner: str) -> None:
+    def retry_release(self, key: str, owner: str, *, until: int | None = None) -> None:
         """Give up ``owner``'s place at ``key`` later, if a worker runs in this
-        process: its release just failed. The caller says so."""
+        process: its release just failed. The caller says so.
+
+        Parameters:
+          until(int): When the place frees itself, in ms of the backend's clock (the end of a run
+            lock's lease): it is not tried again after that. ``None``: until it is given up.
+        """
         if self.running:
             with self._mutex:
-                self._pending[(key, owner)] = 0
+                self._pending[(key, owner)] = until
 
     def tick(self) -> int | None:
         """Heartbeat, renewals, failed releases: the liveness part of one round of
@@ -527,14 +542,17 @@ class Liveness:
         )
 
     def _retry_releases(self) -> None:
+        now = self.backend_time()
         with self._mutex:
-            pending = list(self._pending)
-        for key, owner in pending:
+            pending = list(self._pending.items())
+        for (key, owner), until in pending:
+            if until is not None and now is not None and until <= now:
+                with self._mutex:  # its lease ended: nothing is left to give up
+                    self._pending.pop((key, owner), None)
+                continue
             try:
                 self.backend.release(key, owner)
             except LockBackendError as e:
-                with self._mutex:
-                    self._pending[(key, owner)] += 1
                 self._backend_failed("release", e)
                 continue
             with self._mutex:

@@ -80,6 +80,9 @@ class MessageLock:
     superseded = False
     #: Whether another copy of this message started after it waited in line, so that this one must not run.
     started_before = False
+    #: The lock whose release failed last, RUN or ENQUEUE (a running worker tries both again),
+    #: or ``None``: what frees it depends on it.
+    failed_release: str | None = None
 
     def __init__(
         self,
@@ -379,6 +382,7 @@ class MessageLock:
             try:
                 released = self.backend.release(key, self.message_id)
             except LockBackendError:
+                self.failed_release = ENQUEUE
                 if self.liveness is not None:
                     self.liveness.retry_release(key, self.message_id)
                 raise
@@ -479,10 +483,15 @@ class MessageLock:
         """Give up this attempt's place in the run lock, if it has one."""
         if self.run_owner is not None:
             owner, self.run_owner, self.run_token = self.run_owner, None, None
-            if self.liveness is not None:
-                # Not renewed any more: if the release fails, the lease runs out.
-                self.liveness.drop(self.run_key, owner)
-            released = self.backend.release(self.run_key, owner)
+            # Not renewed any more: if the release fails, it is tried again until the lease runs out.
+            lease_ends = self.liveness.drop(self.run_key, owner) if self.liveness is not None else None
+            try:
+                released = self.backend.release(self.run_key, owner)
+            except LockBackendError:
+                self.failed_release = RUN
+                if self.liveness is not None:
+                    self.liveness.retry_release(self.run_key, owner, until=lease_ends)
+                raise
             self.emit(RELEASED if released else LAPSED, lock_kind=RUN)
 
     def give_up_handed_run_place(self) -> None:

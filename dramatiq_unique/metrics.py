@@ -34,6 +34,7 @@ from .events import (
     WAITING,
     LockEvent,
 )
+from .forks import reset_in_child
 
 #: Each counter: the event kind it counts, its name, its help and its labels beyond queue and actor.
 COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -73,6 +74,14 @@ _BUILT: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictiona
 _BUILT_MUTEX = threading.Lock()
 
 
+def _reset_built_mutex_in_child() -> None:
+    global _BUILT_MUTEX
+    _BUILT_MUTEX = threading.Lock()
+
+
+reset_in_child(_reset_built_mutex_in_child)
+
+
 class PrometheusMetrics:
     """The subscriber that counts lock events in Prometheus counters.
 
@@ -88,8 +97,13 @@ class PrometheusMetrics:
         self._registry = registry
         self._counters: dict[str, Any] | None = None
         self._mutex = threading.Lock()
+        reset_in_child(self._reset_in_child)
         if registry is not None:
             self.setup()
+
+    def _reset_in_child(self) -> None:
+        # A thread of the parent may have held the mutex at the fork (building the counters).
+        self._mutex = threading.Lock()
 
     def setup(self) -> dict[str, Any]:
         """Build the counters (once) and return them by event kind."""

@@ -20,6 +20,7 @@ from .default_backend import default_backend
 from .errors import InvalidLockOptions, UniqueError
 from .events import Events, Subscriber
 from .eviction import EvictionCheck
+from .forks import reset_in_child
 from .handoffs import Handoffs
 from .healing import Healing
 from .keys import reaper_schedule_key
@@ -197,6 +198,7 @@ class UniqueJobs(Middleware):
         self.reaper_actor: Actor[Any, Any] | None = None
         self._backend: LockBackend | None = None
         self._choosing = threading.Lock()
+        reset_in_child(self._reset_in_child)
         self._compose = partial(
             self._compose_parts,
             lock_prefix=lock_prefix,
@@ -208,6 +210,10 @@ class UniqueJobs(Middleware):
         )
         if backend is not None:
             self._compose(backend)
+
+    def _reset_in_child(self) -> None:
+        # A thread of the parent may have been choosing the lock backend at the fork.
+        self._choosing = threading.Lock()
 
     def _compose_parts(
         self,

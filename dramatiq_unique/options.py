@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from dramatiq import Actor, Broker, Message
 
 from .errors import InvalidLockOptions
+from .forks import reset_in_child
 from .locks import LOCK_TYPES, LockType
 from .outcome import AnyMessage
 from .strategies import CLIENT, SERVER, STRATEGIES, ConflictStrategy
@@ -303,6 +304,7 @@ class _Once:
     def __init__(self) -> None:
         self._seen: set[Hashable] = set()
         self._mutex = threading.Lock()
+        reset_in_child(self._reset_in_child)
 
     def first(self, key: Hashable) -> bool:
         """Whether ``key`` is seen for the first time."""
@@ -311,6 +313,10 @@ class _Once:
                 return False
             self._seen.add(key)
             return True
+
+    def _reset_in_child(self) -> None:
+        # A thread of the parent may have held the mutex at the fork; what it logged, the child did.
+        self._mutex = threading.Lock()
 
 
 class ActorConfigs:

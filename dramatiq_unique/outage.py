@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from .errors import LockBackendError, LockBackendRetry
 from .events import BACKEND_ERROR
+from .keys import ENQUEUE, RUN
 from .options import ALLOW
 from .outcome import AnyMessage
 
@@ -66,8 +67,22 @@ class Outage:
                 message.actor_name,
                 when,
                 e,
-                "This worker tries again; the lock's lease or its lock_ttl frees it if that fails too."
-                if self.releases_retried()
-                else "The orphan reaper or the lock's lock_ttl frees it.",
+                self._what_frees(lock),
                 exc_info=self.logger.isEnabledFor(logging.DEBUG),
             )
+
+    def _what_frees(self, lock: MessageLock) -> str:
+        """What becomes of a lock whose release just failed."""
+        retried = self.releases_retried()
+        if lock.failed_release == RUN and lock.liveness is not None:
+            period = lock.liveness.lease_period
+            lease = f"no longer renewed, the lock's lease frees it within lease_period ({period} ms)"
+            if retried:
+                return f"This worker tries again at each heartbeat until the lock backend answers; {lease} anyway."
+            return f"It is not tried again: {lease}."
+        if lock.failed_release == ENQUEUE and retried:
+            return (
+                "This worker tries again at each heartbeat until the lock backend answers; "
+                "the orphan reaper or the lock's lock_ttl frees it if the worker stops first."
+            )
+        return "The orphan reaper or the lock's lock_ttl frees it."

@@ -53,6 +53,7 @@ from dramatiq.results import Results
 from .backends import Holder, LockBackend, LockRecord
 from .errors import InvalidLockOptions, LineNeedsBroker
 from .events import REAPED, Events, LockEvent
+from .forks import reset_in_child
 from .handoffs import handed_message
 from .held import QUEUED
 from .in_hand import held_by_live_workers
@@ -150,6 +151,7 @@ class Reaper:
         self.min_age = min_age
         self.confirm_delay = confirm_delay
         self._mutex = threading.Lock()
+        reset_in_child(self._reset_in_child)
         self.leader_key = reaper_leader_key(prefix)
         #: Where the workers publish the messages in their hands: under the middleware's prefix.
         self.registry = registry_key(prefix)
@@ -160,6 +162,10 @@ class Reaper:
         with self._mutex:
             if prefix not in self.prefixes:
                 self.prefixes = tuple(sorted({*self.prefixes, prefix}))
+
+    def _reset_in_child(self) -> None:
+        # A thread of the parent may have held the mutex at the fork.
+        self._mutex = threading.Lock()
 
     def run(self, *, broker: Broker | None = None, max_passes: int | None = None) -> ReapReport:
         """Inspect the locks, from where the previous run stopped, until the

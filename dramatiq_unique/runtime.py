@@ -9,8 +9,8 @@ A process runs at most two threads of this library, both daemons:
   releases tried again (:class:`~dramatiq_unique.liveness.Liveness`), the
   activity counts flushed, and the tasks it was given (the orphan reaper's
   trigger). In a process that only sends, it runs while activity counts wait
-  to be flushed, and ends when none is left; the counts left at exit are
-  flushed then;
+  to be flushed, and ends when none is left; at exit it writes the counts
+  left as it ends, waited for as a Worker's stop waits for it;
 * the release thread, ``dramatiq-unique-releases``, in a worker process with
   background releases, from the boot of the first Worker to the shutdown of
   the last (:class:`~dramatiq_unique.releases.BackgroundReleases`).
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -45,6 +44,7 @@ from .backends import LockBackend
 from .cut_off import CutOff
 from .errors import LockBackendError
 from .events import Events
+from .forks import reset_in_child
 from .in_hand import InHand
 from .liveness import Liveness
 from .native import (
@@ -64,8 +64,8 @@ PERIODIC_THREAD = "dramatiq-unique-periodic"
 RELEASE_THREAD = "dramatiq-unique-releases"
 
 #: The shortest wait, in milliseconds, for the periodic thread to finish its round when the
-#: last Worker stops, and for the release thread's next answer; the wait is the lease period
-#: when that is longer.
+#: last Worker stops, for the release thread's next answer, and for the last write of the
+#: activity counts of a process that only sends; the wait is the lease period when that is longer.
 MIN_STOP_WAIT = 5_000
 
 #: A started thread, and the event that tells it to stop.
@@ -158,12 +158,11 @@ class Runtime:
         self._heal = healing
         self._hand_over_healing = hand_over_healing
         self._init_state()
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _reset_in_child(ref))
+        reset_in_child(self._reset_in_child)
         if self.activity is not None:
             # The periodic thread is a daemon: without this, a process that sends and
             # exits would lose what it counted since its last flush.
-            atexit.register(_close_activity, ref)
+            atexit.register(_close_activity, weakref.ref(self))
 
     def _init_state(self) -> None:
         #: Guards the state below; never held during a round trip or a join.
@@ -375,13 +374,40 @@ class Runtime:
                     pass
 
     def _activity_closed(self) -> None:
-        """The activity counter is closed: a process that only sends stops its periodic thread."""
+        """The activity counter is closed: a process that only sends stops its periodic thread,
+        which writes what is left on its way out, and waits for it as a worker's stop waits for
+        that thread (:meth:`_join`); it says at WARNING what was not written. A worker's periodic
+        thread goes on writing them, and the worker's stop writes the last ones."""
+        activity = self.activity
+        if activity is None:
+            return
         with self._mutex:
-            if self._serving or self._periodic is None:
+            if self._serving:
                 return
+            if activity.pending:
+                try:
+                    self._start_periodic()  # unless it runs
+                except RuntimeError:
+                    pass  # Python starts no thread at interpreter shutdown
             periodic, self._periodic = self._periodic, None
-        if not is_current(periodic[0]):
-            self._join(periodic)
+        if periodic is None:
+            # Counts made by a send from an exit handler after the thread ended: written from
+            # here, as that send's own round trips were.
+            self._flush()
+        elif is_current(periodic[0]):
+            return  # closed from a round of that thread: it writes them on its way out
+        elif not self._join(periodic):
+            activity.give_up(f"the lock backend did not answer within {self._stop_wait_ms()} ms")
+            return
+        if activity.last_error is not None:
+            activity.give_up(f"the lock backend failed: {activity.last_error}")
+
+    def _last_flush(self) -> None:
+        """The periodic thread of a process that only sends writes what is left as it ends,
+        once the activity counter is closed."""
+        activity = self.activity
+        if activity is not None and activity.closed and not self._serving:
+            self._flush()
 
     def _join(self, started: _Started) -> bool:
         """Stop a periodic thread and wait for it to finish its round, and the worker's last
@@ -413,7 +439,10 @@ class Runtime:
 
     def _stop_wait(self) -> float:
         """Seconds to wait for a thread that talks to the backend when the last Worker stops."""
-        return max(self.liveness.lease_period, MIN_STOP_WAIT) / 1000
+        return self._stop_wait_ms() / 1000
+
+    def _stop_wait_ms(self) -> int:
+        return max(self.liveness.lease_period, MIN_STOP_WAIT)
 
     def _left(self, stop: StopEvent) -> None:
         """The worker's last work, if the periodic thread stopped by ``stop`` is to do it
@@ -472,6 +501,7 @@ def _run_periodic(ref: weakref.ref[Runtime], interval: float, stop: StopEvent) -
     runtime = ref()
     if runtime is not None:
         runtime._left(stop)
+        runtime._last_flush()
 
 
 def _rounds(ref: weakref.ref[Runtime], interval: float, stop: StopEvent) -> None:
@@ -485,12 +515,6 @@ def _rounds(ref: weakref.ref[Runtime], interval: float, stop: StopEvent) -> None
         except Exception:  # the thread must outlive anything
             runtime.logger.exception("The periodic thread of worker %r failed.", runtime.liveness.worker_id)
         del runtime
-
-
-def _reset_in_child(ref: weakref.ref[Runtime]) -> None:
-    runtime = ref()
-    if runtime is not None:
-        runtime._reset_in_child()
 
 
 def _close_activity(ref: weakref.ref[Runtime]) -> None:

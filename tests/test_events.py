@@ -6,6 +6,7 @@ heartbeat thread, in one round trip, and read back."""
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from dramatiq_unique.keys import activity_key
 from dramatiq_unique.runtime import PERIODIC_THREAD, Runtime
 
 from .support import Env, Gate, plant_dead_workers_run_lock, wait_for
+from .test_outages import server  # noqa: F401 (fixture)
 
 PREFIX = "dramatiq-unique"
 
@@ -476,6 +478,95 @@ def test_a_process_that_only_sends_and_exits_keeps_its_counts(redis_url, redis_c
     subprocess.run([sys.executable, "-c", SENDER, redis_url], check=True, timeout=60)
     backend = RedisBackend(client=redis_client)
     assert read_activity(backend, minutes=2).totals() == {"settle": {"acquired": 1, "conflict": 1}}
+
+
+#: A process that only sends, to a lock store without a socket_timeout (None given: recent redis-py
+#: versions have a default one): a round trip to a server that stopped waits for ever. Its first
+#: flush would come a heartbeat interval after its sends.
+SENDER_TO_A_FROZEN_STORE = """
+import sys
+import dramatiq
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import TimeLimit
+from dramatiq_unique import RedisBackend, UniqueJobs
+
+broker = StubBroker()
+backend = RedisBackend(url=sys.argv[1], socket_timeout=None)
+unique = UniqueJobs(backend=backend, lease_period=12_000, heartbeat_interval=4_000)
+broker.add_middleware(unique, before=TimeLimit)
+
+@dramatiq.actor(broker=broker, lock="until_executed")
+def settle(event_id):
+    pass
+
+settle.send("e1")
+settle.send("e1")
+print("sent", flush=True)
+sys.stdin.readline()  # the test stops the lock store, then lets this process exit
+"""
+
+
+@pytest.mark.slow
+def test_a_process_that_only_sends_exits_within_a_bound_when_the_lock_store_is_frozen(server):  # noqa: F811
+    # Issue 32 (8): at exit, the last flush of the activity counts waited for the lock store
+    # without a bound: with its server stopped (SIGSTOP: it accepts and never answers) and no
+    # socket_timeout, a script that had sent two jobs never exited.
+    url = f"redis://127.0.0.1:{server.port}"
+    sender = subprocess.Popen(
+        [sys.executable, "-c", SENDER_TO_A_FROZEN_STORE, url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sender.stdout.readline() == "sent\n"
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            _, errors = sender.communicate("\n", timeout=60)
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+            sender.wait()
+    assert sender.returncode == 0, errors
+    assert (
+        "The last lock activity counts of this process were not written (lock events of actors 'settle': 2): "
+        "the lock backend did not answer within 12000 ms. They are missing from the lock activity; no lock is "
+        "affected."
+    ) in errors, errors
+
+
+def test_the_last_counts_that_a_lock_store_refuses_are_reported_once_at_warning(server, caplog):  # noqa: F811
+    # Issue 32 (8): the last flush of a process that only sends, refused by a lock store that is
+    # down, logged at INFO that its counts were "tried again later": there is no later.
+    broker = StubBroker()
+    backend = RedisBackend(client=server.client())
+    unique = UniqueJobs(backend=backend, lease_period=12_000, heartbeat_interval=4_000)
+    env = Env("stub", broker, backend, unique)
+    runs = env.run()
+    next(runs)
+    try:
+
+        @env.actor(lock="until_executed")
+        def settle(event_id):
+            pass
+
+        settle.send("e1")
+        settle.send("e1")
+        server.stop()
+        with caplog.at_level(logging.INFO, logger="dramatiq_unique"):
+            unique.activity.close()
+    finally:
+        next(runs, None)
+    lines = [r.getMessage() for r in caplog.records if "activity counts" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        "The last lock activity counts of this process were not written (lock events of actors 'settle': 2): "
+        "the lock backend failed: "
+    ), lines[0]
+    assert [r.levelname for r in caplog.records if "activity counts" in r.getMessage()] == ["WARNING"]
 
 
 class _WindowAfterRelease:

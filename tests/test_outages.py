@@ -195,6 +195,113 @@ def test_a_release_that_fails_during_an_outage_is_retried_after_the_restart(outa
     assert gate.runs == ["evt_1", "evt_1"]
 
 
+def test_a_run_lock_whose_release_fails_is_released_by_the_heartbeat_once_the_store_answers(server, caplog):
+    # Issue 32 (8): the failed release of a run lock logged "This worker tries again", yet nothing
+    # tried it again: the lock stayed held until its lease ran out, up to lease_period after the
+    # message ended, and the next copy of a while_executing job met it all that time.
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=server.client())
+    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=60_000, heartbeat_interval=100))
+    runs = env.run()
+    next(runs)
+    try:
+        gate = Gate()
+
+        @env.actor(lock="while_executing")
+        def sync(account_id):
+            gate.enter(account_id)
+
+        sync.send("acct_1")
+        env.worker(threads=1)
+        wait_for(lambda: gate.runs == ["acct_1"])
+        server.stop()  # the run lock is saved with the data
+        with caplog.at_level(logging.INFO):
+            gate.open()
+            wait_for(lambda: any("could not be released" in line for line in unique_warnings(caplog)))
+            [line] = [line for line in unique_warnings(caplog) if "could not be released" in line]
+            assert line.endswith(
+                "This worker tries again at each heartbeat until the lock backend answers; no longer renewed, "
+                "the lock's lease frees it within lease_period (60000 ms) anyway."
+            ), line
+            server.start()
+            wait_for(lambda: any("was released on a later attempt" in r.getMessage() for r in caplog.records))
+        sync.send("acct_1")
+        env.join(sync)
+        assert gate.runs == ["acct_1", "acct_1"]
+    finally:
+        next(runs, None)
+
+
+def test_the_failed_release_of_a_run_lock_is_not_tried_again_once_its_lease_ran_out(server, caplog):
+    # Issue 32 (8): the heartbeat tries a run lock's failed release again only while its lease
+    # lasts; after that, the place has freed itself, and a release sent then would say "released
+    # on a later attempt" of a lock that lapsed.
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=server.client())
+    lease = 1000
+    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=lease, heartbeat_interval=100))
+    runs = env.run()
+    next(runs)
+    try:
+        gate = Gate()
+
+        @env.actor(lock="while_executing")
+        def sync(account_id):
+            gate.enter(account_id)
+
+        sync.send("acct_1")
+        worker = env.worker(threads=1)
+        wait_for(lambda: gate.runs == ["acct_1"])
+        server.stop()
+        with caplog.at_level(logging.INFO):
+            gate.open()
+            wait_for(lambda: any("could not be released" in line for line in unique_warnings(caplog)))
+            time.sleep(2 * lease / 1000)  # the lease, no longer renewed, runs out during the outage
+            server.start()
+            worker.stop()  # its last work tries the failed releases once more
+        assert not [r.getMessage() for r in caplog.records if "later attempt" in r.getMessage()]
+        assert not [line for line in unique_warnings(caplog) if "before this worker stopped" in line]
+        env.worker(threads=1)
+        sync.send("acct_1")
+        env.join(sync)
+        assert gate.runs == ["acct_1", "acct_1"]
+    finally:
+        next(runs, None)
+
+
+def test_a_worker_that_stops_before_the_failed_release_of_a_run_lock_worked_says_its_lease_frees_it(server, caplog):
+    # Issue 32 (8): the run lock's failed release, now tried again, is still failing when the
+    # worker stops: what frees it is its lease, not the orphan reaper or a lock_ttl it may not have.
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=server.client())
+    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=60_000, heartbeat_interval=100))
+    runs = env.run()
+    next(runs)
+    try:
+        gate = Gate()
+
+        @env.actor(lock="while_executing")
+        def sync(account_id):
+            gate.enter(account_id)
+
+        sync.send("acct_1")
+        worker = env.worker(threads=1)
+        wait_for(lambda: gate.runs == ["acct_1"])
+        server.stop()
+        with caplog.at_level(logging.WARNING):
+            gate.open()
+            wait_for(lambda: any("could not be released" in line for line in unique_warnings(caplog)))
+            worker.stop()
+        [line] = [line for line in unique_warnings(caplog) if "before this worker stopped" in line]
+        assert line.endswith("its lease, no longer renewed, frees it within lease_period (60000 ms)."), line
+    finally:
+        server.start()
+        next(runs, None)
+
+
 @pytest.mark.parametrize("outage_env", ["raise"], indirect=True)
 def test_a_rescheduled_message_that_comes_due_during_an_outage_tries_again_later(outage_env, server, caplog):
     # L6: the move out of the delay queue used to raise LockBackendError in the consumer thread:

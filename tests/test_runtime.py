@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique import metrics as metrics_module
 from dramatiq_unique import runtime as runtime_module
 
 from .support import Env, assert_stop_is_bounded, resume_after_bounded_stop, stub_env_on, wait_for
@@ -156,6 +158,109 @@ def test_a_worker_in_a_forked_child_releases_its_finished_locks(redis_env, redis
     assert report == {"done": True, "released while running": True, "released after stop": True}
     again = settle.send("e1")
     assert enqueue_outcome(again).status == "enqueued", "the child's finished message still holds its lock"
+
+
+def _fork_while_held(mutex, use) -> int | None:
+    """Fork while a thread of this process holds ``mutex``; the child calls ``use()`` and exits 0
+    when it returns True. The child's exit code, or ``None`` when it did not exit within 30 s."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with mutex:
+            held.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork() of a process with threads
+            pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = 0 if use() else 2
+            except BaseException:
+                traceback.print_exc()  # pytest shows it with the child's exit code
+            finally:
+                os._exit(code)
+    finally:
+        done.set()
+        holder.join()
+    deadline = time.monotonic() + 30
+    while (answer := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.01)
+    return os.waitstatus_to_exitcode(answer[1])
+
+
+#: Each mutex of the middleware that a thread may hold when the process forks, and what in the
+#: child takes it first.
+FORK_HELD_MUTEXES = {
+    "the choice of the lock backend": (lambda unique: unique._choosing, "declare"),
+    "the subscribers of lock events": (lambda unique: unique.events._mutex, "subscribe"),
+    "the message option checks": (lambda unique: unique.client_side._check_message_options._warned._mutex, "misspell"),
+    "the prefixes of the orphan reaper": (lambda unique: unique.reaper._mutex, "prefix"),
+    "the Prometheus counters": (lambda unique: unique.metrics._mutex, "send"),
+    "the Prometheus counters of a registry": (lambda unique: metrics_module._BUILT_MUTEX, "send"),
+    "the check of the eviction policy": (lambda unique: unique._eviction_check._mutex, "send"),
+    "the choice of the lock scripts": (lambda unique: unique.backend._scripts._choosing, "send"),
+}
+
+
+@pytest.mark.parametrize("held", FORK_HELD_MUTEXES)
+def test_a_child_forked_while_a_thread_holds_a_mutex_of_the_middleware_can_use_it(redis_client, held):
+    # Issue 32 (8): a child forked while another thread held the mutex of the lock events, of the
+    # message option checks, of the orphan reaper or of the metrics inherited it held, by a thread
+    # the child does not have: its first send, declaration or subscription waited for ever.
+    broker = RedisBroker(client=redis_client)
+    broker.emit_after("process_boot")
+    # No lock backend given: the middleware chooses the broker's Redis when it first meets an actor.
+    unique = UniqueJobs(metrics=True)
+    env = Env("redis", broker, RedisBackend(client=redis_client), unique)
+    runs = env.run()
+    next(runs)
+    try:
+        mutex, use = FORK_HELD_MUTEXES[held]
+        if use != "declare":
+
+            @env.actor(lock="until_executed")
+            def settle(event_id):
+                pass
+
+        def in_the_child() -> bool:
+            if use == "declare":
+
+                @env.actor(lock="until_executed")
+                def sync(account_id):
+                    pass
+
+                return enqueue_outcome(sync.send("a1")).status == "enqueued"
+            if use == "subscribe":
+                unique.subscribe("acquired", print)
+                return True
+            if use == "misspell":
+                message = settle.send_with_options(args=("e1",), lock_tll=60_000)
+                return enqueue_outcome(message).status == "enqueued"
+            if use == "prefix":
+
+                @env.actor(lock="until_executed", lock_prefix="billing")
+                def invoice(number):
+                    pass
+
+                return enqueue_outcome(invoice.send(1)).status == "enqueued"
+            return enqueue_outcome(settle.send("e1")).status == "enqueued"
+
+        code = _fork_while_held(mutex(unique), in_the_child)
+        assert code is not None, "the child waited for ever for a mutex held by a thread of its parent"
+        assert code == 0
+    finally:
+        unique.resolve_backend(broker)  # in the parent too, whose Env ends with it
+        next(runs, None)
 
 
 def test_the_last_worker_stops_while_its_heartbeat_waits_for_a_lock_backend_that_does_not_answer(

@@ -19,6 +19,8 @@ from typing import Any
 
 import redis
 
+from ..forks import reset_in_child
+
 #: The Lua file whose functions every script starts with.
 _LIBRARY = "holders"
 
@@ -102,6 +104,11 @@ class ScriptCaller:
         self.client = client
         #: None until the first call: then whether the server runs the library.
         self.functions: bool | None = None
+        self._choosing = threading.Lock()
+        reset_in_child(self._reset_in_child)
+
+    def _reset_in_child(self) -> None:
+        # A thread of the parent may have been choosing, a round trip, at the fork.
         self._choosing = threading.Lock()
 
     def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
