@@ -23,7 +23,7 @@ from dramatiq.common import q_name
 from dramatiq.logging import get_logger
 
 from .backends import LockBackend, LockRecord
-from .digest import compute_digest, lock_arguments
+from .digest import compute_digest, encodes_as_utf8, lock_arguments
 from .held import QUEUED, STATES, Explanation, HolderInfo, LockInfo, WorkerInfo
 from .keys import ENQUEUE, RUN, digest_of, enqueue_key, prefix_of, registry_key, run_key
 from .options import DEFAULT_LOCK_PREFIX, LockConfig
@@ -445,7 +445,15 @@ def _check_state(method: str, state: str | None) -> None:
 
 
 def _check_digest(digest: str) -> None:
-    if not isinstance(digest, str) or not digest or "{" in digest or "}" in digest or ":" in digest:
+    # A lone surrogate would fail in the client that encodes the key.
+    if (
+        not isinstance(digest, str)
+        or not digest
+        or "{" in digest
+        or "}" in digest
+        or ":" in digest
+        or not encodes_as_utf8(digest)
+    ):
         raise ValueError(f"{digest!r} is not a digest: a digest is the 64 hexadecimal characters between the braces.")
 
 
