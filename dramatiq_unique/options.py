@@ -101,7 +101,7 @@ LONGEST_LOCK_DURATION = 10**15
 #: The longest lease_period, heartbeat_interval and reaper_interval, in milliseconds (over 31
 #: years). The middleware's threads wait a heartbeat interval, and up to a lease period when a
 #: worker stops; Python refuses a wait longer than threading.TIMEOUT_MAX (about 292 years on
-#: Linux) with an OverflowError, in a thread where nobody would see it.
+#: Linux) with an OverflowError.
 LONGEST_MIDDLEWARE_DURATION = 10**12
 
 #: The options a message may override with ``send_with_options``: all but

@@ -648,7 +648,8 @@ def test_middleware_durations_that_look_like_seconds_are_logged(caplog):
 @pytest.mark.parametrize(
     ("option", "value", "problem"),
     [
-        # Issue 32 (5): past the bound, a thread's wait raised OverflowError where nobody saw it.
+        # Issue 32 (5): lease_period=10**13 was taken, and a worker's stop raised OverflowError (a wait
+        # longer than Python takes).
         ("lease_period", 10**13, "it must be at most 1_000_000_000_000 (milliseconds, over 31 years)."),
         ("heartbeat_interval", 10**13, "it must be at most 1_000_000_000_000 (milliseconds, over 31 years)."),
         ("reaper_interval", 10**13, "it must be at most 1_000_000_000_000 (milliseconds, over 31 years), or None."),
