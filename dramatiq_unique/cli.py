@@ -33,7 +33,7 @@ from .held import LockInfo
 from .keys import digest_of
 from .middleware import UniqueJobs
 from .operations import Locks, unique_jobs_of
-from .options import DEFAULT_LOCK_PREFIX
+from .options import DEFAULT_LOCK_PREFIX, prefix_problem
 from .presentation import count, describe_lock, lock_table, places, prefixes_phrase, table
 from .reaper import DEFAULT_BATCH, reap_orphans
 
@@ -601,6 +601,14 @@ def _positive(value: str) -> int:
     return number
 
 
+def _prefix_argument(value: str) -> str:
+    # A prefix that no actor may declare holds no lock: refused as the declaration refuses it.
+    problem = prefix_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{value!r} is no lock prefix: it {problem}")
+    return value
+
+
 def _json_argument(value: str, kind: type, problem: str) -> Any:
     try:
         parsed = json.loads(value)
@@ -652,6 +660,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--prefix",
         action="append",
+        type=_prefix_argument,
         help=f"a lock prefix, repeated for actors with their own (default: {DEFAULT_LOCK_PREFIX}, or --app's)",
     )
     parser.add_argument(

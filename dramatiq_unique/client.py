@@ -20,6 +20,7 @@ from dramatiq.broker import MessageProxy
 
 from .backends import Acquisition
 from .conflicts import TRY_AGAIN, conflict_of, strategy_for, waited_in_line
+from .digest import encodes_as_utf8
 from .errors import EnqueueCancelled, LockArgumentsError, LockBackendError
 from .events import BACKEND_ERROR, CONFLICT
 from .events import RESCHEDULED as RESCHEDULED_EVENT
@@ -180,6 +181,7 @@ class ClientSide:
         # raise) have no caller to raise to: an exception would wedge a consumer or stop a
         # pipeline.
         try:
+            _check_recordable(message)
             lock = self.lock_for(message, config, outcome)
         except LockArgumentsError as e:
             if not self._is_internal_enqueue(broker, message):
@@ -365,3 +367,18 @@ class ClientSide:
         # Not counted against max_reschedules: it met no holder.
         reschedules = enqueue_outcome(message).reschedules
         send_later(broker, message, digest=lock.digest, holder=message.message_id, reschedules=reschedules, delay=wait)
+
+
+def _check_recordable(message: Message[Any]) -> None:
+    """Check that the fields of ``message`` that its lock records can be stored: as UTF-8 text.
+
+    Raises:
+      LockArgumentsError: Naming the field that holds a lone surrogate (a message built by hand).
+    """
+    for field in ("message_id", "actor_name", "queue_name"):
+        value = getattr(message, field)
+        if isinstance(value, str) and not encodes_as_utf8(value):
+            raise LockArgumentsError(
+                f"Message {message.message_id!r} of actor {message.actor_name!r} has {field}={value!r}, which holds "
+                "a lone surrogate: UTF-8 cannot encode it, and the lock store records it as UTF-8 text."
+            )

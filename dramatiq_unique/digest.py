@@ -111,12 +111,12 @@ def _arrives_unchanged(value: Any) -> bool:
     if kind in _PLAIN:
         return True
     if kind is str:
-        return _without_surrogates(value)
+        return encodes_as_utf8(value)
     if kind is list or kind is tuple:
         items = value
     elif kind is dict:
         for key in value:
-            if type(key) is not str or not _without_surrogates(key):
+            if type(key) is not str or not encodes_as_utf8(key):
                 return False
         items = value.values()
     else:
@@ -131,7 +131,8 @@ def _arrives_unchanged(value: Any) -> bool:
     return True
 
 
-def _without_surrogates(text: str) -> bool:
+def encodes_as_utf8(text: str) -> bool:
+    """Whether ``text`` holds no lone surrogate, which UTF-8 (and so Redis' client) cannot encode."""
     if text.isascii():
         return True
     try:

@@ -20,7 +20,7 @@ from .frozen import frozen_instance
 from .held import QUEUED
 from .keys import ENQUEUE, RUN, enqueue_key, replaced_key, run_key
 from .liveness import worker_id
-from .options import LockConfig
+from .options import LONGEST_LOCK_DURATION, LockConfig
 from .outcome import (
     ENQUEUED,
     WAITING,
@@ -232,7 +232,9 @@ class MessageLock:
         # answer is lost, release_enqueue() still gives the place up.
         self.holds_enqueue = True
         holder = holder or self._holder("queued")
-        limit, ttl, extend = self.config.lock_limit, self.config.lock_ttl, delay or 0
+        # A caller's delay (Dramatiq's, unbounded) extends the lock by the longest lock duration
+        # at most: that outlasts any wait, and keeps the lock store's sums in range.
+        limit, ttl, extend = self.config.lock_limit, self.config.lock_ttl, min(delay or 0, LONGEST_LOCK_DURATION)
         if may_replace and self.config.client_strategy.replaces_queued_holders:
             acquisition = self.backend.replace(
                 key,

@@ -55,6 +55,7 @@ from .options import (
     LockConfig,
     check_middleware_options,
     lock_defaults,
+    warn_if_seconds_like,
 )
 from .outage import Outage
 from .persistence import warn_if_lines_unpersisted
@@ -187,6 +188,12 @@ class UniqueJobs(Middleware):
             debounce_cap=debounce_cap,
         )
         self.configs = ActorConfigs(self.defaults, logger=self.logger)
+        warn_if_seconds_like(
+            self.logger,
+            lease_period=lease_period,
+            heartbeat_interval=heartbeat_interval,
+            reaper_interval=reaper_interval if reaper else None,
+        )
         #: The lock events of this middleware's messages, its heartbeat thread and its reaper.
         self.events = Events(logger=self.logger)
         self.metrics = None if metrics is False else PrometheusMetrics(None if metrics is True else metrics)

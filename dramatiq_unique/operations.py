@@ -23,10 +23,11 @@ from dramatiq.common import q_name
 from dramatiq.logging import get_logger
 
 from .backends import LockBackend, LockRecord
-from .digest import compute_digest, lock_arguments
+from .digest import compute_digest, encodes_as_utf8, lock_arguments
+from .errors import InvalidLockOptions
 from .held import QUEUED, STATES, Explanation, HolderInfo, LockInfo, WorkerInfo
 from .keys import ENQUEUE, RUN, digest_of, enqueue_key, prefix_of, registry_key, run_key
-from .options import DEFAULT_LOCK_PREFIX, LockConfig
+from .options import DEFAULT_LOCK_PREFIX, LockConfig, prefix_problem
 from .presentation import count, describe_holder, describe_holders
 from .reaper import DEFAULT_BATCH, locator_for
 from .strategies import CLIENT, SERVER
@@ -57,6 +58,9 @@ class Locks:
       actor_prefixes(Iterable[str]): The ``lock_prefix`` of actors that have
         their own: their locks are listed too.
       batch(int): About how many keys one step of the backend's scan looks at.
+
+    Raises:
+      InvalidLockOptions: If a prefix is one that no actor may declare: no lock is held under it.
     """
 
     def __init__(
@@ -71,6 +75,10 @@ class Locks:
         self.backend = backend
         #: Every lock prefix covered, the middleware's first.
         self.prefixes: tuple[str, ...] = tuple(dict.fromkeys((lock_prefix, *sorted(actor_prefixes))))
+        for prefix in self.prefixes:
+            problem = prefix_problem(prefix)
+            if problem is not None:
+                raise InvalidLockOptions(f"Locks has an invalid lock prefix {prefix!r}: it {problem}.")
         self.batch = batch
 
     @classmethod
@@ -445,7 +453,15 @@ def _check_state(method: str, state: str | None) -> None:
 
 
 def _check_digest(digest: str) -> None:
-    if not isinstance(digest, str) or not digest or "{" in digest or "}" in digest or ":" in digest:
+    # A lone surrogate would fail in the client that encodes the key.
+    if (
+        not isinstance(digest, str)
+        or not digest
+        or "{" in digest
+        or "}" in digest
+        or ":" in digest
+        or not encodes_as_utf8(digest)
+    ):
         raise ValueError(f"{digest!r} is not a digest: a digest is the 64 hexadecimal characters between the braces.")
 
 

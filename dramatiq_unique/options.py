@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from dramatiq import Actor, Broker, Message
 
+from .digest import encodes_as_utf8
 from .errors import InvalidLockOptions
 from .forks import reset_in_child
 from .locks import LOCK_TYPES, LockType
@@ -81,6 +82,29 @@ DEFAULTS: dict[str, Any] = {
 #: A warning, not an error: a lock that is meant to last less than a second is valid.
 SHORT_LOCK_TTL = 1000
 
+#: For each of the middleware's durations, the value below which it is most likely seconds
+#: written where milliseconds belong (``reaper_interval=600`` for ten minutes), logged at
+#: WARNING when the middleware is built, and what such a value does. A heartbeat of a few
+#: hundred milliseconds is a deliberate choice (under gevent, say); one below 100 is not.
+SECONDS_LIKE_MIDDLEWARE_DURATIONS = {
+    "lease_period": (1000, "a run lock is held {} ms without a renewal"),
+    "heartbeat_interval": (100, "a worker sends a heartbeat every {} ms"),
+    "reaper_interval": (1000, "the reaper runs every {} ms"),
+}
+
+#: The longest lock_ttl, reschedule_delay, debounce and debounce_cap, in milliseconds (over
+#: 31,000 years). The lock store adds a lock_ttl and a delay (a caller's, cut to this bound, or a
+#: debounce or reschedule_delay) to its clock in milliseconds (about 1.8e12 in 2026) in Lua,
+#: whose numbers are doubles: the sum stays an exact integer below 2**53 (about 9.0e15), and
+#: Redis takes it as an integer only below 1e17, written without an exponent.
+LONGEST_LOCK_DURATION = 10**15
+
+#: The longest lease_period, heartbeat_interval and reaper_interval, in milliseconds (over 31
+#: years). The middleware's threads wait a heartbeat interval, and up to a lease period when a
+#: worker stops; Python refuses a wait longer than threading.TIMEOUT_MAX (about 292 years on
+#: Linux) with an OverflowError.
+LONGEST_MIDDLEWARE_DURATION = 10**12
+
 #: The options a message may override with ``send_with_options``: all but
 #: the callable, which cannot travel with a message.
 MESSAGE_OPTIONS = frozenset(DEFAULTS) - {"lock_args_method"}
@@ -126,12 +150,12 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
     """
     check = _Checker(subject, options)
     check.integer("lock_limit", minimum=1)
-    check.integer("lock_ttl", minimum=1, optional=True)
-    check.integer("reschedule_delay", minimum=0)
+    check.duration("lock_ttl", minimum=1, optional=True)
+    check.duration("reschedule_delay", minimum=0)
     check.integer("max_reschedules", minimum=0, optional=True)
     check.integer("line_limit", minimum=1)
-    check.integer("debounce", minimum=1, optional=True)
-    check.integer("debounce_cap", minimum=1, optional=True)
+    check.duration("debounce", minimum=1, optional=True)
+    check.duration("debounce_cap", minimum=1, optional=True)
     check.debounce_cap("debounce_cap", "debounce")
     check.boolean("unique_across_queues")
     check.boolean("unique_across_actors")
@@ -255,6 +279,11 @@ def check_middleware_options(
                 f"UniqueJobs has an invalid {name}={value!r}: it must be an integer >= {minimum} (milliseconds)"
                 + (" or None." if optional else ".")
             )
+        if value > LONGEST_MIDDLEWARE_DURATION:
+            raise InvalidLockOptions(
+                f"UniqueJobs has an invalid {name}={value!r}: it must be at most "
+                f"{_longest(LONGEST_MIDDLEWARE_DURATION)}" + (", or None." if optional else ".")
+            )
 
     integer("lease_period", lease_period, 3)
     integer("heartbeat_interval", heartbeat_interval, 1)
@@ -296,6 +325,24 @@ def _check_metrics(metrics: Any) -> None:
             "UniqueJobs has metrics=True, but prometheus_client is not installed: "
             "install it with pip install 'dramatiq-unique[prometheus]', or leave metrics out."
         )
+
+
+def warn_if_seconds_like(logger: logging.Logger, **durations: int | None) -> None:
+    """Log at WARNING each of the middleware's durations that looks like seconds (see
+    :data:`SECONDS_LIKE_MIDDLEWARE_DURATIONS`); ``None`` for one that does nothing."""
+    for name, value in durations.items():
+        shortest, effect = SECONDS_LIKE_MIDDLEWARE_DURATIONS[name]
+        if value is not None and value < shortest:
+            logger.warning(
+                "UniqueJobs has %s=%d: %s is in milliseconds, so %s. For %d seconds, write %s=%s.",
+                name,
+                value,
+                name,
+                effect.format(value),
+                value,
+                name,
+                f"{value * 1000:_}",
+            )
 
 
 class _Once:
@@ -345,6 +392,11 @@ class ActorConfigs:
         options = {**self.defaults, **{k: v for k, v in actor.options.items() if k in DEFAULTS}}
         subject = f"Actor {actor.actor_name!r}"
         config = resolve(subject, options)
+        if config is not None and not encodes_as_utf8(actor.actor_name):
+            raise InvalidLockOptions(
+                f"{subject} has a lock, but its name holds a lone surrogate: UTF-8 cannot encode it, and the "
+                "lock store records it as UTF-8 text. Give the actor a name of valid Unicode text (actor_name=...)."
+            )
         self._warn_if_short_ttl(actor.actor_name, subject, config)
         self._actors[actor.actor_name] = (options, config)
         return options
@@ -373,15 +425,22 @@ class ActorConfigs:
             return config
         overrides = {name: message_options[name] for name in MESSAGE_OPTIONS if name in message_options}
         subject = f"Actor {message.actor_name!r} (options of message {message.message_id!r})"
-        overridden = resolve(subject, {**options, **overrides})
-        # Every message of a replacing actor records when it starts, so that a
-        # running holder is never replaced: replace is all or nothing per actor.
-        if overridden and config and overridden.client_strategy is not config.client_strategy:
-            if config.client_strategy.replaces_queued_holders or overridden.client_strategy.replaces_queued_holders:
-                raise InvalidLockOptions(
-                    f"{subject} sets on_conflict={overrides['on_conflict']!r}: the client strategy 'replace' can only "
-                    "be chosen for a whole actor, in its options or the middleware's."
-                )
+        overridden_options = {**options, **overrides}
+        overridden = resolve(subject, overridden_options)
+        # Every message of a replacing actor records when it starts, so that a running holder is
+        # never replaced: replace is all or nothing per actor, and an actor without a lock has none.
+        ours = overridden.client_strategy if overridden is not None else None
+        actors = config.client_strategy if config is not None else None
+        if (
+            ours is not None
+            and ours is not actors
+            and (ours.replaces_queued_holders or (actors is not None and actors.replaces_queued_holders))
+        ):
+            theirs = "has no lock" if config is None else f"has on_conflict={options['on_conflict']!r}"
+            raise InvalidLockOptions(
+                f"{subject} uses on_conflict={overridden_options['on_conflict']!r}, and its actor {theirs}: the "
+                "client strategy 'replace' can only be chosen for a whole actor, in its options or the middleware's."
+            )
         self._warn_if_short_ttl(message.actor_name, subject, overridden)
         return overridden
 
@@ -460,6 +519,25 @@ def _misspelt(name: str) -> str | None:
     return next((match for match in matches if match[0] == name[0]), None)
 
 
+#: Milliseconds in a year of 365.25 days.
+_YEAR = 31_557_600_000
+
+
+def _longest(maximum: int) -> str:
+    return f"{maximum:_} (milliseconds, over {maximum // _YEAR:,} years)"
+
+
+def prefix_problem(prefix: Any) -> str | None:
+    """What makes ``prefix`` no lock prefix, as the end of a sentence that starts with "it";
+    ``None`` for a valid one."""
+    # Braces would move the hash tag from the digest to the prefix.
+    if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+        return "must be a non-empty string without '{' or '}'"
+    if not encodes_as_utf8(prefix):
+        return "holds a lone surrogate, which UTF-8 cannot encode, and the lock store's keys are UTF-8 text"
+    return None
+
+
 def _choices(names: Iterable[str]) -> str:
     return ", ".join(repr(name) for name in sorted(names))
 
@@ -472,15 +550,18 @@ class _Checker:
     def fail(self, option: str, problem: str) -> NoReturn:
         raise InvalidLockOptions(f"{self.subject} has an invalid {option}={self.options[option]!r}: it {problem}.")
 
-    def integer(self, option: str, *, minimum: int, optional: bool = False) -> None:
+    def integer(self, option: str, *, minimum: int, optional: bool = False, unit: str = "") -> None:
         value = self.options[option]
         if value is None and optional:
             return
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            expected = f"an integer >= {minimum}" + (
-                " (milliseconds)" if option in ("lock_ttl", "reschedule_delay", "debounce", "debounce_cap") else ""
-            )
-            self.fail(option, f"must be {expected}" + (" or None" if optional else ""))
+            self.fail(option, f"must be an integer >= {minimum}{unit}" + (" or None" if optional else ""))
+
+    def duration(self, option: str, *, minimum: int, optional: bool = False) -> None:
+        self.integer(option, minimum=minimum, optional=optional, unit=" (milliseconds)")
+        value = self.options[option]
+        if value is not None and value > LONGEST_LOCK_DURATION:
+            self.fail(option, f"must be at most {_longest(LONGEST_LOCK_DURATION)}" + (", or None" if optional else ""))
 
     def debounce_cap(self, option: str, debounce: str) -> None:
         """A cap bounds a debounce's postponements: it needs one, and is no shorter."""
@@ -497,10 +578,9 @@ class _Checker:
             self.fail(option, "must be True or False")
 
     def prefix(self, option: str) -> None:
-        value = self.options[option]
-        # Braces would move the hash tag from the digest to the prefix.
-        if not isinstance(value, str) or not value or "{" in value or "}" in value:
-            self.fail(option, "must be a non-empty string without '{' or '}'")
+        problem = prefix_problem(self.options[option])
+        if problem is not None:
+            self.fail(option, problem)
 
     def strategies(self, option: str) -> tuple[ConflictStrategy, ConflictStrategy]:
         value = self.options[option]

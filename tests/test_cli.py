@@ -422,6 +422,38 @@ def test_errors_are_one_line_with_distinct_exit_codes_and_no_secret(tmp_path, re
     assert len(codes) == 5
 
 
+@pytest.mark.parametrize(
+    ("prefix", "problem"),
+    [
+        ("{billing}", "it must be a non-empty string without '{' or '}'"),
+        ("", "it must be a non-empty string without '{' or '}'"),
+        (
+            "billing:\udcff",
+            "it holds a lone surrogate, which UTF-8 cannot encode, and the lock store's keys are UTF-8 text",
+        ),
+    ],
+)
+def test_a_prefix_no_actor_may_declare_is_a_usage_error(redis_url, prefix, problem):
+    # Issue 32: braces, which would make a Redis Cluster hash tag of the prefix and which the actor's lock_prefix
+    # refuses, said "No locks are held under prefix '{billing}'."; a byte that is not UTF-8 ended in a traceback.
+    for command in (["list"], ["show", "0" * 64], ["unlock", "0" * 64]):
+        result = cli("--url", redis_url, "--prefix", "billing", "--prefix", prefix, *command)
+        assert result.returncode == RET_USAGE
+        assert result.stdout == ""
+        assert result.stderr.splitlines()[-1] == (
+            f"dramatiq-unique: error: argument --prefix: {prefix!r} is no lock prefix: {problem}"
+        )
+
+
+def test_a_digest_with_bytes_that_are_not_utf8_is_a_usage_error(redis_url):
+    # Issue 32: the error was the codec's, "'utf-8' codec can't encode character '\\udcff' ...".
+    line = assert_error(cli("--url", redis_url, "show", "report-\udcff"), RET_USAGE)
+    assert line == (
+        "dramatiq-unique: error: 'report-\\udcff' is not a digest: a digest is the 64 hexadecimal characters "
+        "between the braces."
+    )
+
+
 def test_the_cli_on_a_redis_cluster_sees_every_master(redis_cluster, cluster_client):
     broker = StubBroker()
     unique = UniqueJobs(backend=RedisBackend(client=cluster_client))

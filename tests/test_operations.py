@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from dramatiq_unique import LockArgumentsError, Locks, enqueue_outcome
+from dramatiq_unique import InvalidLockOptions, LockArgumentsError, Locks, enqueue_outcome
+from dramatiq_unique.web import make_wsgi_app
 
 from .support import Gate, declare_small_app, run_sync_worker, wait_for
 
@@ -346,3 +347,25 @@ def test_explain_describes_a_registered_strategy_without_an_explain_method_by_it
         assert on_send.endswith("(strategy 'park').")
     finally:
         del STRATEGIES["park"]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "problem"),
+    [
+        ("{billing}", "it must be a non-empty string without '{' or '}'."),
+        (
+            "billing:\udcff",
+            "it holds a lone surrogate, which UTF-8 cannot encode, and the lock store's keys are UTF-8 text.",
+        ),
+    ],
+)
+def test_a_prefix_no_actor_may_declare_is_refused(env, prefix, problem):
+    # Issue 32: braces, which the actor's lock_prefix refuses, listed nothing and said so; a lone
+    # surrogate raised the codec's error at the first read.
+    for build in (
+        lambda: Locks(env.backend, actor_prefixes=[prefix]),
+        lambda: make_wsgi_app(env.backend, lock_prefix=prefix),
+    ):
+        with pytest.raises(InvalidLockOptions) as raised:
+            build()
+        assert str(raised.value) == f"Locks has an invalid lock prefix {prefix!r}: {problem}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import dramatiq
@@ -13,6 +14,7 @@ from dramatiq.middleware import TimeLimit
 from dramatiq_unique import InvalidLockOptions, LockArgumentsError, StubBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.digest import canonical_json, compute_digest
 from dramatiq_unique.keys import enqueue_key
+from dramatiq_unique.options import LONGEST_LOCK_DURATION
 
 from .support import unique_warnings
 
@@ -32,6 +34,36 @@ from .support import unique_warnings
         ({"lock": "until_executed", "lock_ttl": 1.5}, ["lock_ttl=1.5"]),
         ({"lock": "until_executed", "lock_args_method": "first"}, ["lock_args_method='first'", "callable"]),
         ({"lock": "until_executed", "lock_prefix": "app:{x}"}, ["lock_prefix", "'{'"]),
+        # Issue 32 (4): accepted, then every send raised UnicodeEncodeError, logged, and enqueued unlocked.
+        (
+            {"lock": "until_executed", "lock_prefix": "app:\udcff"},
+            ["lock_prefix='app:\\udcff'", "it holds a lone surrogate, which UTF-8 cannot encode"],
+        ),
+        # Issue 32 (5): accepted, then every send raised LockBackendError naming no option, or
+        # (2**63) wrote a negative lifetime and took no lock.
+        (
+            {"lock": "until_executed", "lock_ttl": 10**18},
+            [
+                "lock_ttl=1000000000000000000: it must be at most 1_000_000_000_000_000 (milliseconds, over 31,688 "
+                "years), or None."
+            ],
+        ),
+        ({"lock": "until_executed", "lock_ttl": 2**63}, ["lock_ttl=9223372036854775808: it must be at most"]),
+        (
+            {"lock": "until_executed", "on_conflict": {"client": "replace"}, "debounce": 300, "debounce_cap": 10**30},
+            [f"debounce_cap={10**30}: it must be at most 1_000_000_000_000_000 (milliseconds"],
+        ),
+        (
+            {"lock": "until_executed", "on_conflict": {"client": "replace"}, "debounce": 10**16},
+            ["debounce=10000000000000000: it must be at most 1_000_000_000_000_000 (milliseconds"],
+        ),
+        (
+            {"lock": "until_executed", "reschedule_delay": 10**16},
+            [
+                "reschedule_delay=10000000000000000: it must be at most 1_000_000_000_000_000 (milliseconds, over "
+                "31,688 years)."
+            ],
+        ),
         ({"lock": "until_executed", "unique_across_queues": "yes"}, ["unique_across_queues='yes'"]),
         ({"lock": "until_executed", "reschedule_delay": -1}, ["reschedule_delay=-1"]),
         ({"lock": "until_executed", "max_reschedules": -1}, ["max_reschedules=-1"]),
@@ -354,6 +386,126 @@ def test_dicts_with_mixed_keys_are_locked(env):
     assert sorted(run["1"] for run in runs) == ["a", "z"]
 
 
+def test_an_actor_with_a_lock_and_a_name_utf8_cannot_encode_is_refused_when_declared(stub_env):
+    # Issue 32 (4): declared, its every send raised UnicodeEncodeError in before_enqueue, which Dramatiq
+    # logged at CRITICAL before it enqueued the message without a lock.
+    with pytest.raises(InvalidLockOptions) as raised:
+
+        @stub_env.actor(lock="until_executed", actor_name="index_\udcff")
+        def index(path):
+            pass
+
+    assert str(raised.value) == (
+        "Actor 'index_\\udcff' has a lock, but its name holds a lone surrogate: UTF-8 cannot encode it, and the "
+        "lock store records it as UTF-8 text. Give the actor a name of valid Unicode text (actor_name=...)."
+    )
+    assert "index_\udcff" not in stub_env.broker.actors
+
+
+def test_a_message_id_with_a_lone_surrogate_fails_the_send_and_enqueues_nothing(env, caplog):
+    # Issue 32 (4): a message built by hand with such an id: redis-py's UnicodeEncodeError escaped
+    # before_enqueue, Dramatiq logged it at CRITICAL and enqueued the message with no lock, so the
+    # same job sent again was enqueued too.
+    runs = []
+
+    @env.actor(lock="until_executed")
+    def index(path):
+        runs.append(path)
+
+    message = index.message("report.csv").copy(message_id="job-\udcff")
+    for _ in range(2):
+        with pytest.raises(LockArgumentsError) as raised:
+            env.broker.enqueue(message)
+        assert str(raised.value) == (
+            "Message 'job-\\udcff' of actor 'index' has message_id='job-\\udcff', which holds a lone surrogate: "
+            "UTF-8 cannot encode it, and the lock store records it as UTF-8 text. The message was not enqueued and "
+            "no lock was taken."
+        )
+    assert env.seen.enqueues == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert enqueue_outcome(index.send("report.csv")).enqueued  # nothing was locked
+    env.worker()
+    env.join(index)
+    assert runs == ["report.csv"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        # Issue 32 (4): Dramatiq logged redis-py's UnicodeEncodeError at CRITICAL and enqueued the message unlocked.
+        (
+            "lock_prefix",
+            "billing:\udcff",
+            "it holds a lone surrogate, which UTF-8 cannot encode, and the lock store's keys are UTF-8 text.",
+        ),
+        # Issue 32 (5): LockBackendError "value is not an integer or out of range", naming no option; with
+        # 2**63, a negative lifetime and no lock.
+        ("lock_ttl", 2**63, "it must be at most 1_000_000_000_000_000 (milliseconds, over 31,688 years), or None."),
+        (
+            "debounce_cap",
+            10**30,
+            "it must be at most 1_000_000_000_000_000 (milliseconds, over 31,688 years), or None.",
+        ),
+        ("reschedule_delay", 10**16, "it must be at most 1_000_000_000_000_000 (milliseconds, over 31,688 years)."),
+    ],
+)
+def test_a_message_option_the_lock_store_cannot_take_fails_the_send_and_enqueues_nothing(env, option, value, problem):
+    runs = []
+
+    @env.actor(lock="until_executed", on_conflict={"client": "replace"}, debounce=50)
+    def push_profile(user_id):
+        runs.append(user_id)
+
+    with pytest.raises(InvalidLockOptions) as raised:
+        push_profile.send_with_options(args=(7,), **{option: value})
+    text = str(raised.value)
+    assert text.startswith("Actor 'push_profile' (options of message '")
+    assert text.endswith(f") has an invalid {option}={value!r}: {problem}")
+    assert env.seen.enqueues == []
+    assert enqueue_outcome(push_profile.send(7)).enqueued  # nothing was locked
+    env.worker()
+    env.join(push_profile)
+    assert runs == [7]
+
+
+def test_the_longest_lock_ttl_locks_and_a_longer_delay_is_cut_to_it(env):
+    # Issue 32 (5): the bound keeps a lock_ttl of centuries working; a caller's delay is Dramatiq's,
+    # and added to the lock_ttl past the bound it made the send raise LockBackendError.
+    @env.actor(lock="until_executed", lock_ttl=LONGEST_LOCK_DURATION)
+    def archive(year):
+        pass
+
+    assert enqueue_outcome(archive.send(2026)).enqueued
+    assert not enqueue_outcome(archive.send(2026)).enqueued
+    assert enqueue_outcome(archive.send_with_options(args=(2027,), delay=2**70)).enqueued
+    assert not enqueue_outcome(archive.send(2027)).enqueued
+
+
+def test_replace_for_one_message_of_an_actor_without_a_lock_fails_the_send(env):
+    # Issue 32 (8): refused for an actor whose lock has another strategy, it passed for an actor with none;
+    # replace is chosen for a whole actor.
+    runs = []
+
+    @env.actor
+    def export_report(report_id):
+        runs.append(report_id)
+
+    with pytest.raises(InvalidLockOptions) as raised:
+        export_report.send_with_options(args=(7,), lock="until_executed", on_conflict={"client": "replace"})
+    text = str(raised.value)
+    assert text.startswith("Actor 'export_report' (options of message '")
+    assert text.endswith(
+        ") uses on_conflict={'client': 'replace'}, and its actor has no lock: the client strategy 'replace' can "
+        "only be "
+        "chosen for a whole actor, in its options or the middleware's."
+    )
+    assert env.seen.enqueues == []
+    assert enqueue_outcome(export_report.send_with_options(args=(7,), lock="until_executed")).enqueued
+    env.worker()
+    env.join(export_report)
+    assert runs == [7]
+
+
 class _Exploding(dict):
     def items(self):
         raise RuntimeError("boom")
@@ -477,9 +629,30 @@ def test_a_middleware_lock_ttl_that_looks_like_seconds_is_logged(caplog):
     ]
 
 
+def test_middleware_durations_that_look_like_seconds_are_logged(caplog):
+    # Issue 32 (8): reaper_interval=600, meant as ten minutes, ran the reaper every 0.6 s, and said nothing.
+    UniqueJobs(backend=StubBackend(), reaper=True, reaper_interval=600)
+    UniqueJobs(backend=StubBackend(), lease_period=60, heartbeat_interval=20)
+    # A deliberate short heartbeat, and a reaper interval that no reaper uses, are not seconds.
+    UniqueJobs(backend=StubBackend(), lease_period=1500, heartbeat_interval=500, reaper_interval=600)
+    assert unique_warnings(caplog) == [
+        "UniqueJobs has reaper_interval=600: reaper_interval is in milliseconds, so the reaper runs every 600 ms. "
+        "For 600 seconds, write reaper_interval=600_000.",
+        "UniqueJobs has lease_period=60: lease_period is in milliseconds, so a run lock is held 60 ms without a "
+        "renewal. For 60 seconds, write lease_period=60_000.",
+        "UniqueJobs has heartbeat_interval=20: heartbeat_interval is in milliseconds, so a worker sends a heartbeat "
+        "every 20 ms. For 20 seconds, write heartbeat_interval=20_000.",
+    ]
+
+
 @pytest.mark.parametrize(
     ("option", "value", "problem"),
     [
+        # Issue 32 (5): lease_period=10**13 was taken, and a worker's stop raised OverflowError (a wait
+        # longer than Python takes).
+        ("lease_period", 10**13, "it must be at most 1_000_000_000_000 (milliseconds, over 31 years)."),
+        ("heartbeat_interval", 10**13, "it must be at most 1_000_000_000_000 (milliseconds, over 31 years)."),
+        ("reaper_interval", 10**13, "it must be at most 1_000_000_000_000 (milliseconds, over 31 years), or None."),
         ("reaper", "no", "it must be True or False."),
         ("activity", "no", "it must be True or False."),
         ("activity", 0, "it must be True or False."),

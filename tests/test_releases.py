@@ -203,7 +203,7 @@ def test_a_release_that_fails_is_tried_again_by_the_heartbeat_thread(error, logg
     backend = FailingReleases(error)
     broker = StubBroker()
     broker.emit_after("process_boot")
-    env = Env("stub", broker, backend, UniqueJobs(backend=backend, heartbeat_interval=20, lease_period=60))
+    env = Env("stub", broker, backend, UniqueJobs(backend=backend, heartbeat_interval=100, lease_period=1000))
     runs = env.run()
     next(runs)
     try:

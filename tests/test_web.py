@@ -249,6 +249,40 @@ def test_unlock_is_refused_unless_allowed_authorized_and_sent_with_the_csrf_toke
     assert Locks(env.backend).get(settle) == ()
 
 
+def test_a_secret_given_as_text_is_the_key_of_the_tokens_and_one_of_no_use_is_refused(app):
+    # Issue 32: a str secret (a setting, an environment variable) was taken, and every page then
+    # answered 500, hmac refusing a str key; an int or an empty key was taken too.
+    env, _, sent = app
+    settle = digest(sent["settle"])
+    first = client(env, allow_unlock=True, secret="locks-page-sécret")
+    assert first.get("/").status == 200
+    token = first.get(f"/locks/{settle}").post_forms[0].fields["csrf"]
+    # Another process serving the page with the same setting takes this page's token.
+    second = client(env, allow_unlock=True, secret="locks-page-sécret")
+    second.cookies = dict(first.cookies)
+    freed = second.post("/unlock", {"digest": settle, "csrf": token})
+    assert freed.status == 200 and "Freed 1 place(s) in 1 lock(s)" in freed.text
+    assert env.is_free(settle)
+
+    for secret, error, text in [
+        (
+            12345,
+            TypeError,
+            "The web page's secret must be bytes or a str, the key of its CSRF tokens, not int.",
+        ),
+        (
+            "",
+            ValueError,
+            "The web page's secret is empty: give it the same random value in every process that serves the page "
+            "(e.g. secrets.token_hex(32), kept in your settings), or leave it out for a random one per process.",
+        ),
+    ]:
+        with pytest.raises(error) as raised:
+            client(env, allow_unlock=True, secret=secret)
+        assert str(raised.value) == text
+        assert "12345" not in str(raised.value)  # a secret is never shown
+
+
 def test_unlock_one_holder_one_lock_and_all_of_an_actor_answers_with_what_it_freed(app):
     env, _, sent = app
     c = client(env, allow_unlock=True, authorize=lambda environ: True)

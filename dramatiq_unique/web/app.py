@@ -120,8 +120,8 @@ class LocksWebApp:
         is still in it (RedisBroker, RabbitmqBroker, StubBroker).
       middleware(UniqueJobs): The middleware of the application, to say what
         a new send would meet and how old a worker's heartbeat is.
-      secret(bytes): The key of the CSRF tokens; random per application when
-        ``None``. Give every process serving the page the same one.
+      secret(bytes|str): The key of the CSRF tokens (a ``str`` is taken as its UTF-8 bytes);
+        random per application when ``None``. Give every process serving the page the same one.
       allowed_hosts(Iterable[str]): The ``Host`` headers (``name:port``) the
         page answers; ``None`` for any, when the web application it is mounted
         in checks them. A page that answers any host can be read, and with
@@ -136,7 +136,7 @@ class LocksWebApp:
         authorize: Authorize | None = None,
         broker: Broker | None = None,
         middleware: UniqueJobs | None = None,
-        secret: bytes | None = None,
+        secret: bytes | str | None = None,
         allowed_hosts: Iterable[str] | None = None,
     ):
         self.locks = locks
@@ -360,7 +360,7 @@ def make_wsgi_app(
     allow_unlock: bool = False,
     authorize: Authorize | None = None,
     broker: Broker | None = None,
-    secret: bytes | None = None,
+    secret: bytes | str | None = None,
     allowed_hosts: Iterable[str] | None = None,
 ) -> LocksWebApp:
     """The web page of the locks in ``backend``, as a WSGI application.
@@ -373,13 +373,15 @@ def make_wsgi_app(
       authorize(collections.abc.Callable): Called with the WSGI environ; only when it returns
         True may the request unlock.
       broker(dramatiq.Broker): The broker, to tell whether a queued message is still in it.
-      secret(bytes): The key of the CSRF tokens, the same in every process
+      secret(bytes|str): The key of the CSRF tokens, the same in every process
         serving the page; random when ``None``.
       allowed_hosts(Iterable[str]): The ``Host`` headers it answers; ``None``
         for any (leave the check to the application it is mounted in).
 
     Raises:
       ImportError: If Jinja2 is not installed (the ``web`` extra).
+      TypeError: If ``secret`` is neither bytes nor a str.
+      ValueError: If ``secret`` is empty.
     """
     locks = Locks(backend, lock_prefix=lock_prefix, actor_prefixes=actor_prefixes, batch=SCAN_BATCH)
     return LocksWebApp(
@@ -398,7 +400,7 @@ def from_middleware(
     allow_unlock: bool = False,
     authorize: Authorize | None = None,
     broker: Broker | None = None,
-    secret: bytes | None = None,
+    secret: bytes | str | None = None,
     allowed_hosts: Iterable[str] | None = None,
 ) -> LocksWebApp:
     """The web page of the locks of ``unique_jobs``, under every lock prefix

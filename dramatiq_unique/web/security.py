@@ -39,12 +39,16 @@ class Csrf:
     """Issues and checks CSRF tokens.
 
     Parameters:
-      secret(bytes): The key of the HMAC; a random one per application when
-        ``None``, so every process serving the page needs the same one.
+      secret(bytes|str): The key of the HMAC, a ``str`` taken as its UTF-8 bytes; a random one
+        per application when ``None``, so every process serving the page needs the same one.
+
+    Raises:
+      TypeError: If ``secret`` is neither bytes nor a str.
+      ValueError: If ``secret`` is empty.
     """
 
-    def __init__(self, *, secret: bytes | None = None):
-        self._secret = secret if secret is not None else secrets.token_bytes(32)
+    def __init__(self, *, secret: bytes | str | None = None):
+        self._secret = secrets.token_bytes(32) if secret is None else _key(secret)
 
     def nonce(self, environ: WSGIEnvironment) -> str | None:
         """The nonce of the request's cookie, ``None`` when it has none that looks right."""
@@ -82,6 +86,25 @@ class Csrf:
         if nonce is None or not token:
             return False
         return hmac.compare_digest(self.token(nonce), token)
+
+
+def _key(secret: object) -> bytes:
+    # The errors name the parameter and the type, never the value: it is a secret.
+    if isinstance(secret, str):
+        # A lone surrogate (os.environ's for a byte that is not UTF-8) is part of the key too.
+        key = secret.encode("utf-8", "surrogatepass")
+    elif isinstance(secret, (bytes, bytearray, memoryview)):
+        key = bytes(secret)
+    else:
+        raise TypeError(
+            f"The web page's secret must be bytes or a str, the key of its CSRF tokens, not {type(secret).__name__}."
+        )
+    if not key:
+        raise ValueError(
+            "The web page's secret is empty: give it the same random value in every process that serves the page "
+            "(e.g. secrets.token_hex(32), kept in your settings), or leave it out for a random one per process."
+        )
+    return key
 
 
 def mount_path(environ: WSGIEnvironment) -> str:
