@@ -1083,3 +1083,57 @@ def test_a_refusal_is_kept_when_the_mark_is_gone_too(redis_client):
         acquire(RedisBackend(client=redis_client), "m1", key="dramatiq-unique:{d1}")
     with pytest.raises(LockStoreHealing):
         acquire(sender, "m2", key="dramatiq-unique:{d2}")
+
+
+@pytest.mark.parametrize(
+    ("junk", "found"),
+    [
+        ({"junk": "x"}, "holds field 'junk' = 'x', not a record of this version"),
+        ({"A": "1|2|3|not a holder"}, "holds field 'A' = '1|2|3|not a holder', not a record of this version"),
+        ({"fence": "junk"}, "holds field 'fence' = 'junk', not a record of this version"),
+        ("a string", "holds a string, not a lock's hash"),
+    ],
+)
+def test_a_send_to_a_lock_holding_what_this_version_cannot_read_raises_naming_the_key(redis_env, junk, found):
+    # Issue 32 (also checked): a send to a lock key holding junk failed with "bad argument #1 to
+    # 'byte'", naming no key. It raises LockBackendError naming the key and what it holds, and
+    # nothing is enqueued.
+    from dramatiq_unique import Locks
+    from dramatiq_unique.keys import enqueue_key
+
+    @redis_env.actor(lock="until_executed")
+    def settle(account):
+        pass
+
+    explained = Locks.from_middleware(redis_env.middleware).explain(settle, "acct-1")
+    key = enqueue_key(str(explained.prefix), str(explained.digest))
+    client = redis_env.broker.client
+    if isinstance(junk, dict):
+        client.hset(key, mapping=junk)
+    else:
+        client.set(key, junk)
+    with pytest.raises(LockBackendError) as raised:
+        settle.send("acct-1")
+    assert str(raised.value) == (
+        f"The Redis lock backend took no place: {'lock' if isinstance(junk, dict) else 'key'} {key!r} {found} "
+        "(written by another version, or by hand). No place is taken beside what it cannot read; remove it (see "
+        "Errors in the docs) to use this lock again."
+    )
+    assert redis_env.seen.enqueues == []
+
+
+def test_a_lock_holding_what_this_version_cannot_read_takes_no_place_beside_it_but_frees_its_own(redis_client):
+    # Issue 32 (also checked): with lock_limit=2, one readable holder and one record this version
+    # cannot read, a second place is refused (the unreadable one might be the same message); the
+    # readable holder still gives its place up, and the unreadable record stays for whoever wrote it.
+    backend = RedisBackend(client=redis_client)
+    assert acquire(backend, "A", limit=2).acquired
+    redis_client.hset(KEY, "junk", "x")
+    with pytest.raises(LockBackendError, match="holds field 'junk'"):
+        acquire(backend, "B", limit=2)
+    assert backend.release(KEY, "A")
+    assert (redis_client.hexists(KEY, "A"), redis_client.hget(KEY, "junk")) == (False, b"x")
+    with pytest.raises(LockBackendError, match="holds field 'junk'"):
+        acquire(backend, "B", limit=2)
+    redis_client.hdel(KEY, "junk")
+    assert acquire(backend, "B", limit=2).acquired

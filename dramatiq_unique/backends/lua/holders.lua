@@ -72,13 +72,17 @@ end
 local known = {}
 -- The locks whose hash this script found absent: one it creates has no expiry to take away.
 local absent = {}
+-- The first field of each lock whose hash holds a record this version cannot read -> that record.
+local unreadable = {}
+-- The waiters whose entry could not be read, dropped from their line: lock key, message id, ...
+local dropped = {}
 -- The field writes of each lock not sent yet: field -> value, false to delete.
 local staged = {}
 
 -- Forgets the clock read and the hashes read by an earlier call: a library of Redis
 -- Functions keeps this file's state from one call to the next.
 local function begin_call()
-  now_ms, now_us, known, absent, staged = nil, nil, {}, {}, {}
+  now_ms, now_us, known, absent, staged, unreadable, dropped = nil, nil, {}, {}, {}, {}, {}
 end
 
 local function stage(key, field, value)
@@ -121,9 +125,11 @@ local function flush(key)
   if #set > 0 then redis.call("HSET", key, unpack(set)) end
 end
 
--- Returns expires_at (nil: never), token, acquired_at and the holder.
+-- Returns expires_at (nil: never), token, acquired_at and the holder; nothing for a record
+-- that is not one (readable).
 local function parse(record)
   local a, b, c, holder = string.match(record, "^(-?%d*)|(-?%d*)|(-?%d*)|(.*)$")
+  if not holder or holder == "" then return end
   if string.byte(holder) == JSON then
     return tonumber(a), tonumber(b), tonumber(c), holder
   end
@@ -132,6 +138,31 @@ local function parse(record)
   local expires_at = nil
   if c ~= "" then expires_at = acquired_at + tonumber(c) end
   return expires_at, token, acquired_at, holder
+end
+
+-- Whether `holder` is one as Holder.encode writes it: compact, "<state><lock>[+]" and five
+-- "|", or a JSON object with a message_id.
+local function readable_holder(holder)
+  if string.byte(holder) ~= JSON then
+    return string.match(holder, "^[qr]%l%+?|[^|]*|[^|]*|[^|]*|[^|]*|") ~= nil
+  end
+  local ok, fields = pcall(cjson.decode, holder)
+  return ok and type(fields) == "table" and type(fields.message_id) == "string"
+end
+
+-- Whether a record is one that parse reads, with its numbers where its form needs them.
+local function readable(record)
+  local a, b, c, holder = string.match(record, "^(-?%d*)|(-?%d*)|(-?%d*)|(.*)$")
+  if not holder or holder == "" or not readable_holder(holder) then return false end
+  if string.byte(holder) == JSON then return b ~= "" and c ~= "" end
+  return a ~= ""
+end
+
+-- Raises the error that RedisBackend reports as a lock holding what this version cannot read:
+-- `found` is a field and its value, or the key's type when it is no hash.
+local function refuse_unreadable(key, found)
+  found.key = key
+  error({err = "UNREADABLE " .. cjson.encode(found)})
 end
 
 local function format_record(expires_at, token, acquired_at, holder)
@@ -195,8 +226,14 @@ end
 -- keys. A script that cannot hand a freed place to the lock's line (it has not its keys) passes
 -- `keep_lapsed`: the lapsed places stay, not counted, for a step that hands them over (a
 -- release, a start, a new send, the orphan reaper), so that no waiter is forgotten.
+--
+-- A record this version cannot read (another version's, a hand edit) is neither dropped nor
+-- counted as a holder: the lock is marked unreadable, so that no place is taken or handed
+-- beside a holder that cannot be told apart from a free place (reject_unreadable), while its
+-- readable holders may still give theirs up. A key that is no hash raises the error at once.
 local function live_holders(key, keep_lapsed)
-  local fields = redis.call("HGETALL", key)
+  local fields = redis.pcall("HGETALL", key)
+  if fields.err then refuse_unreadable(key, {type = redis.call("TYPE", key).ok}) end
   local holders, count, kept = {}, 0, 0
   local lock = {[FENCE] = false, [NAMES] = false}
   for i = 1, #fields, 2 do
@@ -204,6 +241,11 @@ local function live_holders(key, keep_lapsed)
     local owner = field_owner(field)
     if not owner then
       lock[field] = record
+      if field == FENCE and not tonumber(record) and not readable(record) and not unreadable[key] then
+        unreadable[key] = {field = field, value = record}
+      end
+    elseif not readable(record) then
+      if not unreadable[key] then unreadable[key] = {field = field, value = record} end
     else
       local expires_at = parse(record)
       if expires_at and expires_at <= clock() then
@@ -219,12 +261,23 @@ local function live_holders(key, keep_lapsed)
   return holders, count, kept
 end
 
+-- Refuses a new place in a lock that holds a record this version cannot read (live_holders).
+local function reject_unreadable(key)
+  local found = unreadable[key]
+  if found then refuse_unreadable(key, {field = found.field, value = string.sub(found.value, 1, 100)}) end
+end
+
 -- The key lives as long as its longest-lived holder, then FENCE_RETENTION ms
 -- more, and at least until FENCE_RETENTION past its last token's time. Once
 -- its last holder left, the key keeps its fence alone: expiry follows the
 -- server clock, so the key is still there after that clock stepped back by
 -- less than FENCE_RETENTION, and tokens keep increasing.
 local function expire_with_holders(key, holders, count)
+  if unreadable[key] then
+    -- Its expiry stays as it was: the unreadable record may be of a holder that never lapses.
+    flush(key)
+    return
+  end
   if count == 0 and lock_field(key, NAMES) then write_lock_field(key, NAMES, false) end
   flush(key)
   if count == 0 and lock_field(key, FENCE) then
@@ -281,6 +334,7 @@ end
 -- or {-2} when the place would be new and new places are `refused` (new_places_refused).
 -- `holders` and `count` are the lock's live holders (live_holders), updated here.
 local function take_place(key, owner, limit, ttl, extend, holder, refused, holders, count)
+  reject_unreadable(key)
   local now, now_us = clock()
   local expires_at = nil
   if ttl > 0 then expires_at = now + ttl + extend end
@@ -366,26 +420,40 @@ local function line_at(list, waiters, served)
   return {list = list, waiters = waiters, served = served}
 end
 
+-- Returns the limit, holder and message of a waiter's entry; nothing for an entry that is not
+-- one (another version's, a hand edit).
 local function parse_waiter(entry)
-  local first = string.find(entry, "\n", 1, true)
-  local second = string.find(entry, "\n", first + 1, true)
-  return tonumber(string.sub(entry, 1, first - 1)), string.sub(entry, first + 1, second - 1),
-    string.sub(entry, second + 1)
+  local limit, holder, message = string.match(entry, "^(%d+)\n([^\n]*)\n(.*)$")
+  if not limit or holder == "" or not readable_holder(holder) then return end
+  return tonumber(limit), holder, message
 end
 
--- Hands the free places of the lock to the head of its line, in order. Returns the messages
--- handed a place, and the lock's new count of holders.
+-- Drops message `id` of the lock at `key` from the waiters, whose entry could not be read: its
+-- caller reports it (the dropped waiters are in each reply of a script that hands places over).
+local function drop_waiter(key, line, id)
+  redis.call("HDEL", line.waiters, id)
+  table.insert(dropped, key)
+  table.insert(dropped, id)
+end
+
+-- Hands the free places of the lock to the head of its line, in order, dropping each waiter
+-- whose entry cannot be read. Returns the messages handed a place, and the lock's new count of
+-- holders. A lock that holds a record this version cannot read hands nothing: its line waits.
 local function hand_over(key, line, holders, count)
   local handed = {}
-  if not line then return handed, count end
+  if not line or unreadable[key] then return handed, count end
   while true do
     local head = redis.call("LINDEX", line.list, 0)
     if not head then break end
     local entry = redis.call("HGET", line.waiters, head)
     -- A waiter that was let go (an operator freed it) or that holds a place already leaves.
     if entry and holders[head] then redis.call("HDEL", line.waiters, head) end
+    local limit, holder, message = nil, nil, nil
     if entry and not holders[head] then
-      local limit, holder, message = parse_waiter(entry)
+      limit, holder, message = parse_waiter(entry)
+      if not limit then drop_waiter(key, line, head) end
+    end
+    if limit then
       if count >= limit then break end
       local now, now_us = clock()
       local token = math.max(last_token(key) + 1, now_us)
@@ -474,6 +542,7 @@ local function take_or_wait(key, line, owner, limit, ttl, extend, holder, refuse
                             keeps_latest)
   local id = message_id(owner, holder)
   local holders, count = live_holders(key)
+  reject_unreadable(key)
   local handed
   handed, count = hand_over(key, line, holders, count)
   local reserved = false
