@@ -1085,16 +1085,24 @@ def test_a_refusal_is_kept_when_the_mark_is_gone_too(redis_client):
         acquire(sender, "m2", key="dramatiq-unique:{d2}")
 
 
+FIELD_NOT_READ = (
+    "The Redis lock backend took no place in lock {key!r}: it holds field {field!r} = {value!r}, which is not a "
+    "record of this version (written by another version, or by hand), and no place is taken beside what cannot be "
+    "read. Remove that field (see Errors in the docs) to use this lock again."
+)
+
+
 @pytest.mark.parametrize(
-    ("junk", "found"),
+    ("junk", "field", "value"),
     [
-        ({"junk": "x"}, "holds field 'junk' = 'x', not a record of this version"),
-        ({"A": "1|2|3|not a holder"}, "holds field 'A' = '1|2|3|not a holder', not a record of this version"),
-        ({"fence": "junk"}, "holds field 'fence' = 'junk', not a record of this version"),
-        ("a string", "holds a string, not a lock's hash"),
+        ({"junk": "x"}, "junk", "x"),
+        ({"A": "1|2|3|not a holder"}, "A", "1|2|3|not a holder"),
+        ({"fence": "junk"}, "fence", "junk"),
+        ({"junk": "y" * 101}, "junk", "y" * 100 + "…"),
+        ("a string", None, None),
     ],
 )
-def test_a_send_to_a_lock_holding_what_this_version_cannot_read_raises_naming_the_key(redis_env, junk, found):
+def test_a_send_to_a_lock_holding_what_this_version_cannot_read_raises_naming_the_key(redis_env, junk, field, value):
     # Issue 32 (also checked): a send to a lock key holding junk failed with "bad argument #1 to
     # 'byte'", naming no key. It raises LockBackendError naming the key and what it holds, and
     # nothing is enqueued.
@@ -1115,9 +1123,10 @@ def test_a_send_to_a_lock_holding_what_this_version_cannot_read_raises_naming_th
     with pytest.raises(LockBackendError) as raised:
         settle.send("acct-1")
     assert str(raised.value) == (
-        f"The Redis lock backend took no place: {'lock' if isinstance(junk, dict) else 'key'} {key!r} {found} "
-        "(written by another version, or by hand). No place is taken beside what it cannot read; remove it (see "
-        "Errors in the docs) to use this lock again."
+        FIELD_NOT_READ.format(key=key, field=field, value=value)
+        if field
+        else f"The Redis lock backend left key {key!r} as it is: it holds a string, not a lock's hash (written by "
+        "another program, or by hand). Remove that key (see Errors in the docs) to use this lock again."
     )
     assert redis_env.seen.enqueues == []
 

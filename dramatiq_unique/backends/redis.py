@@ -1035,12 +1035,15 @@ def _unreadable_lock(error: str) -> LockBackendError:
     except (ValueError, TypeError, KeyError):
         return LockBackendError(f"The Redis lock backend met a lock it cannot read: {error}")
     if "type" in found:
-        what = f"key {key!r} holds a {found['type']}, not a lock's hash"
-    else:
-        what = f"lock {key!r} holds field {found['field']!r} = {found['value']!r}, not a record of this version"
+        return LockBackendError(
+            f"The Redis lock backend left key {key!r} as it is: it holds a {found['type']}, not a lock's hash "
+            "(written by another program, or by hand). Remove that key (see Errors in the docs) to use this lock again."
+        )
+    value = found["value"] + ("…" if found.get("cut") else "")
     return LockBackendError(
-        f"The Redis lock backend took no place: {what} (written by another version, or by hand). No place "
-        "is taken beside what it cannot read; remove it (see Errors in the docs) to use this lock again."
+        f"The Redis lock backend took no place in lock {key!r}: it holds field {found['field']!r} = {value!r}, which "
+        "is not a record of this version (written by another version, or by hand), and no place is taken beside "
+        "what cannot be read. Remove that field (see Errors in the docs) to use this lock again."
     )
 
 

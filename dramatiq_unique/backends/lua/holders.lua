@@ -72,7 +72,7 @@ end
 local known = {}
 -- The locks whose hash this script found absent: one it creates has no expiry to take away.
 local absent = {}
--- The first field of each lock whose hash holds a record this version cannot read -> that record.
+-- Each lock whose hash holds a record this version cannot read -> the first such field and its value.
 local unreadable = {}
 -- The waiters whose entry could not be read, dropped from their line: lock key, message id, ...
 local dropped = {}
@@ -261,10 +261,14 @@ local function live_holders(key, keep_lapsed)
   return holders, count, kept
 end
 
--- Refuses a new place in a lock that holds a record this version cannot read (live_holders).
+-- Refuses a new place in a lock that holds a record this version cannot read (live_holders),
+-- naming the record with the first SHOWN bytes of its value.
+local SHOWN = 100
 local function reject_unreadable(key)
   local found = unreadable[key]
-  if found then refuse_unreadable(key, {field = found.field, value = string.sub(found.value, 1, 100)}) end
+  if found then
+    refuse_unreadable(key, {field = found.field, value = string.sub(found.value, 1, SHOWN), cut = #found.value > SHOWN})
+  end
 end
 
 -- The key lives as long as its longest-lived holder, then FENCE_RETENTION ms
