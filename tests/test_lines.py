@@ -591,15 +591,16 @@ def test_a_waiter_whose_entry_cannot_be_read_is_dropped_and_the_holder_runs(redi
     key = enqueue_key("dramatiq-unique", digest) if lock == "until_executed" else run_key("dramatiq-unique", digest)
     if lock == "until_executed":
         assert env.backend.lines([key]) == {key: (second.message_id,)}
-    env.broker.client.lpush(line_key(key), "ghost")
-    env.broker.client.hset(waiters_key(key), "ghost", b"junk")
+    env.broker.client.lpush(line_key(key), "ghost", b"\xff")
+    env.broker.client.hset(waiters_key(key), mapping={"ghost": b"junk", b"\xff": b"junk"})
     env.worker(threads=1)
     wait_for(lambda: len(runs.ends) == 2, timeout=30)
     env.join(post)
     assert [payload for payload, _, _ in runs.of("all")] == [0, 1]
     assert unique_warnings(caplog) == [
-        f"The entry of message 'ghost' among the waiters of lock {key!r} (digest {digest}) cannot be read (written "
-        "by another version, or by hand): it was dropped from the line, which goes on with the next."
+        f"The entry of message {message_id!r} among the waiters of lock {key!r} (digest {digest}) cannot be read "
+        "(written by another version, or by hand): it was dropped from the line, which goes on with the next."
+        for message_id in ("\ufffd", "ghost")  # the one that is no UTF-8 is told too
     ]
     assert env.is_free(digest, run=lock != "until_executed")
     assert env.broker.client.hkeys(waiters_key(key)) == []

@@ -1050,12 +1050,14 @@ def _unreadable_lock(error: str) -> LockBackendError:
 def _report_dropped(dropped: Sequence[Any]) -> None:
     """Say which waiters a script dropped: ``dropped`` holds a lock key and a message id for each."""
     for key, message_id in zip(dropped[::2], dropped[1::2], strict=True):
+        # A message id written by hand may be no UTF-8: it is told all the same.
+        key, message_id = _bytes(key).decode(errors="replace"), _bytes(message_id).decode(errors="replace")
         _logger.warning(
             "The entry of message %r among the waiters of lock %r (digest %s) cannot be read (written by another "
             "version, or by hand): it was dropped from the line, which goes on with the next.",
-            _text(message_id),
-            _text(key),
-            digest_of(_text(key)),
+            message_id,
+            key,
+            digest_of(key),
         )
 
 
