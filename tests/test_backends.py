@@ -1146,3 +1146,16 @@ def test_a_lock_holding_what_this_version_cannot_read_takes_no_place_beside_it_b
         acquire(backend, "B", limit=2)
     redis_client.hdel(KEY, "junk")
     assert acquire(backend, "B", limit=2).acquired
+
+
+def test_a_lease_renewed_in_a_lock_holding_what_this_version_cannot_read_keeps_the_key_until_it_ends(redis_client):
+    # Issue 32 (also checked): the lock's expiry is never shortened beside a record this version
+    # cannot read, nor left short of a lease renewed beside it: the renewed holder's place lasts.
+    backend = RedisBackend(client=redis_client, fence_retention=1000)
+    assert acquire(backend, "A", limit=2, ttl=1000).acquired
+    redis_client.hset(KEY, "junk", "x")
+    assert backend.renew(KEY, "A", ttl=600_000)
+    assert redis_client.pttl(KEY) > 600_000
+    redis_client.persist(KEY)
+    assert backend.renew(KEY, "A", ttl=700_000)
+    assert redis_client.pttl(KEY) == -1

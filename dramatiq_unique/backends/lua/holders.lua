@@ -277,14 +277,12 @@ end
 -- server clock, so the key is still there after that clock stepped back by
 -- less than FENCE_RETENTION, and tokens keep increasing.
 local function expire_with_holders(key, holders, count)
-  if unreadable[key] then
-    -- Its expiry stays as it was: the unreadable record may be of a holder that never lapses.
-    flush(key)
-    return
-  end
-  if count == 0 and lock_field(key, NAMES) then write_lock_field(key, NAMES, false) end
+  -- A lock that holds a record this version cannot read keeps its fields and an expiry at least
+  -- as late as it had: that record may be of a holder that never lapses.
+  local keeps_unreadable = unreadable[key] ~= nil
+  if count == 0 and not keeps_unreadable and lock_field(key, NAMES) then write_lock_field(key, NAMES, false) end
   flush(key)
-  if count == 0 and lock_field(key, FENCE) then
+  if count == 0 and not keeps_unreadable and lock_field(key, FENCE) then
     -- A hash that held a record longer than hash-max-listpack-value (a run
     -- lock's, with a worker id and a message id) keeps Redis' large encoding;
     -- restored, a hash of one short field takes the compact one: half the memory.
@@ -298,7 +296,8 @@ local function expire_with_holders(key, holders, count)
       if type(dumped) == "string" then redis.pcall("RESTORE", key, 0, dumped, "REPLACE") end
     end
   end
-  local latest = math.floor(last_token(key) / 1000)
+  local latest = 0
+  if not keeps_unreadable then latest = math.floor(last_token(key) / 1000) end
   for _, record in pairs(holders) do
     local expires_at = parse(record)
     if not expires_at then
@@ -306,6 +305,10 @@ local function expire_with_holders(key, holders, count)
       return
     end
     if expires_at > latest then latest = expires_at end
+  end
+  if keeps_unreadable then
+    local left = redis.call("PTTL", key)
+    if left == -1 or clock() + left >= latest + FENCE_RETENTION then return end
   end
   redis.call("PEXPIREAT", key, latest + FENCE_RETENTION)
 end
