@@ -126,17 +126,20 @@ local function flush(key)
 end
 
 -- Returns expires_at (nil: never), token, acquired_at and the holder; nothing for a record
--- that is not one (readable).
+-- without the numbers of its form (live_holders also checks the holder: readable_holder).
 local function parse(record)
   local a, b, c, holder = string.match(record, "^(-?%d*)|(-?%d*)|(-?%d*)|(.*)$")
   if not holder or holder == "" then return end
   if string.byte(holder) == JSON then
-    return tonumber(a), tonumber(b), tonumber(c), holder
+    local token, acquired_at = tonumber(b), tonumber(c)
+    if not (token and acquired_at) then return end
+    return tonumber(a), token, acquired_at, holder
   end
-  local token = tonumber(a)
+  local token, lifetime = tonumber(a), tonumber(c)
+  if not token or (c ~= "" and not lifetime) then return end
   local acquired_at = (token - token % 1000) / 1000 - (tonumber(b) or 0)
   local expires_at = nil
-  if c ~= "" then expires_at = acquired_at + tonumber(c) end
+  if lifetime then expires_at = acquired_at + lifetime end
   return expires_at, token, acquired_at, holder
 end
 
@@ -148,14 +151,6 @@ local function readable_holder(holder)
   end
   local ok, fields = pcall(cjson.decode, holder)
   return ok and type(fields) == "table" and type(fields.message_id) == "string"
-end
-
--- Whether a record is one that parse reads, with its numbers where its form needs them.
-local function readable(record)
-  local a, b, c, holder = string.match(record, "^(-?%d*)|(-?%d*)|(-?%d*)|(.*)$")
-  if not holder or holder == "" or not readable_holder(holder) then return false end
-  if string.byte(holder) == JSON then return b ~= "" and c ~= "" end
-  return a ~= ""
 end
 
 -- Raises the error that RedisBackend reports as a lock holding what this version cannot read:
@@ -219,6 +214,11 @@ local function share_names(key, count, holder)
   return head .. "|||" .. id
 end
 
+-- Remembers the first field of the lock's hash that this version cannot read (live_holders).
+local function mark_unreadable(key, field, value)
+  if not unreadable[key] then unreadable[key] = {field = field, value = value} end
+end
+
 -- Drops the holders whose place lapsed; returns the others (owner -> record), their count, and
 -- how many lapsed places it kept. Lapse is judged by the server clock now (read only if a
 -- place may lapse): after that clock stepped back, a lapsed place that no script dropped yet
@@ -241,14 +241,15 @@ local function live_holders(key, keep_lapsed)
     local owner = field_owner(field)
     if not owner then
       lock[field] = record
-      if field == FENCE and not tonumber(record) and not readable(record) and not unreadable[key] then
-        unreadable[key] = {field = field, value = record}
+      -- The fence, or the record of an earlier version's holder named "fence" (last_token).
+      if field == FENCE and not tonumber(record) and not select(2, parse(record)) then
+        mark_unreadable(key, field, record)
       end
-    elseif not readable(record) then
-      if not unreadable[key] then unreadable[key] = {field = field, value = record} end
     else
-      local expires_at = parse(record)
-      if expires_at and expires_at <= clock() then
+      local expires_at, token, _, holder = parse(record)
+      if not token or not readable_holder(holder) then
+        mark_unreadable(key, field, record)
+      elseif expires_at and expires_at <= clock() then
         if keep_lapsed then kept = kept + 1 else write_holder(key, owner, false) end
       else
         holders[owner] = record
