@@ -1097,6 +1097,7 @@ FIELD_NOT_READ = (
     [
         ({"junk": "x"}, "junk", "x"),
         ({"A": "1|2|3|not a holder"}, "A", "1|2|3|not a holder"),
+        ({"A": "-||1|qe|||settle|payments|"}, "A", "-||1|qe|||settle|payments|"),  # a holder, no token
         ({"fence": "junk"}, "fence", "junk"),
         ({"junk": "y" * 101}, "junk", "y" * 100 + "…"),
         ("a string", None, None),
