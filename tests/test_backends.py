@@ -1126,8 +1126,9 @@ def test_a_send_to_a_lock_holding_what_this_version_cannot_read_raises_naming_th
     assert str(raised.value) == (
         FIELD_NOT_READ.format(key=key, field=field, value=value)
         if field
-        else f"The Redis lock backend left key {key!r} as it is: it holds a string, not a lock's hash (written by "
-        "another program, or by hand). Remove that key (see Errors in the docs) to use this lock again."
+        else f"The Redis lock backend left key {key!r} as it is: it holds a string, not the hash this version "
+        "writes there (written by another program, or by hand). Remove that key (see Errors in the docs) to use this "
+        "lock again."
     )
     assert redis_env.seen.enqueues == []
 
@@ -1160,3 +1161,20 @@ def test_a_lease_renewed_in_a_lock_holding_what_this_version_cannot_read_keeps_t
     redis_client.persist(KEY)
     assert backend.renew(KEY, "A", ttl=700_000)
     assert redis_client.pttl(KEY) == -1
+
+
+@pytest.mark.parametrize("suffix", [":line", ":waiting"])
+def test_a_release_meeting_a_key_of_its_line_of_another_type_names_that_key(redis_client, suffix):
+    # Issue 32 (also checked): a key of a lock's line holding another type than this version writes
+    # there failed every release and start with WRONGTYPE, naming no key.
+    backend = RedisBackend(client=redis_client)
+    assert acquire(backend, "A").acquired
+    redis_client.set(KEY + suffix, "junk")
+    with pytest.raises(LockBackendError) as raised:
+        backend.release(KEY, "A")
+    expected = "list" if suffix == ":line" else "hash"
+    assert str(raised.value) == (
+        f"The Redis lock backend left key {KEY + suffix!r} as it is: it holds a string, not the {expected} this "
+        "version writes there (written by another program, or by hand). Remove that key (see Errors in the docs) to "
+        "use this lock again."
+    )

@@ -770,7 +770,7 @@ class RedisBackend(LockBackend):
                     raise _backend_error(e) from e
                 time.sleep(0.05)
             except _REDIS_ERRORS as e:
-                raise self._failed(e) from e
+                raise self._failed(e, [*keys, *refusal]) from e
 
     def _call_many(self, script: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
         """Run ``script`` once for each ``(keys, args)`` of ``calls``, as :meth:`_call` does; the
@@ -822,10 +822,32 @@ class RedisBackend(LockBackend):
                 replies[n] = reply
         return replies
 
-    def _failed(self, e: Exception) -> LockBackendError:
-        """The :class:`LockBackendError` of a call that failed with ``e``."""
+    def _failed(self, e: Exception, keys: Sequence[str] = ()) -> LockBackendError:
+        """The :class:`LockBackendError` of a call of ``keys`` that failed with ``e``."""
         if isinstance(e, (redis.ConnectionError, redis.TimeoutError)) and _is_cluster(self.client):
             self._stale_slots = True  # a master may have failed over: ask for the slot map again
+        if isinstance(e, redis.ResponseError) and str(e).startswith("WRONGTYPE") and keys:
+            return self._wrong_type(keys, e)
+        return _backend_error(e)
+
+    def _wrong_type(self, keys: Sequence[str], e: redis.ResponseError) -> LockBackendError:
+        """The error of a script that met one of its ``keys`` holding another type than this
+        version writes there (another program's key, a hand edit): it names that key."""
+        try:
+            pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call, unused-ignore]
+            for key in keys:
+                pipe.type(key)
+            found = [_text(kind) for kind in pipe.execute()]
+        except _REDIS_ERRORS:
+            return _backend_error(e)
+        for key, kind in zip(keys, found, strict=True):
+            expected = next((written for end, written in _KEY_TYPES if key.endswith(end)), None)
+            if expected is not None and kind not in (expected, "none"):
+                return LockBackendError(
+                    f"The Redis lock backend left key {key!r} as it is: it holds a {kind}, not the {expected} this "
+                    "version writes there (written by another program, or by hand). Remove that key (see Errors in "
+                    "the docs) to use this lock again."
+                )
         return _backend_error(e)
 
     def _call_replicated(self, script: str, keys: list[str], args: list[Any]) -> Any:
@@ -1022,6 +1044,17 @@ def _backend_error(e: Exception) -> LockBackendError:
     return LockBackendError(f"The Redis lock backend failed: {type(e).__name__}: {e}")
 
 
+#: The type of each key of a digest that the scripts write, by the end of its name (keys.py).
+_KEY_TYPES = (
+    ("}", "hash"),
+    ("}:run", "hash"),
+    (":line", "list"),
+    (":waiting", "hash"),
+    (":served", "zset"),
+    (":replaced", "set"),
+    (":debounce", "string"),
+)
+
 #: How a script's error starts when a lock holds what this version cannot read (holders.lua's
 #: refuse_unreadable), followed by what it found, in JSON.
 _UNREADABLE = "UNREADABLE "
@@ -1034,11 +1067,6 @@ def _unreadable_lock(error: str) -> LockBackendError:
         key = found["key"]
     except (ValueError, TypeError, KeyError):
         return LockBackendError(f"The Redis lock backend met a lock it cannot read: {error}")
-    if "type" in found:
-        return LockBackendError(
-            f"The Redis lock backend left key {key!r} as it is: it holds a {found['type']}, not a lock's hash "
-            "(written by another program, or by hand). Remove that key (see Errors in the docs) to use this lock again."
-        )
     value = found["value"] + ("…" if found.get("cut") else "")
     return LockBackendError(
         f"The Redis lock backend took no place in lock {key!r}: it holds field {found['field']!r} = {value!r}, which "

@@ -154,7 +154,7 @@ local function readable_holder(holder)
 end
 
 -- Raises the error that RedisBackend reports as a lock holding what this version cannot read:
--- `found` is a field and its value, or the key's type when it is no hash.
+-- `found` is a field and its value. (A key of another type fails its first command: WRONGTYPE.)
 local function refuse_unreadable(key, found)
   found.key = key
   error({err = "UNREADABLE " .. cjson.encode(found)})
@@ -230,10 +230,9 @@ end
 -- A record this version cannot read (another version's, a hand edit) is neither dropped nor
 -- counted as a holder: the lock is marked unreadable, so that no place is taken or handed
 -- beside a holder that cannot be told apart from a free place (reject_unreadable), while its
--- readable holders may still give theirs up. A key that is no hash raises the error at once.
+-- readable holders may still give theirs up.
 local function live_holders(key, keep_lapsed)
-  local fields = redis.pcall("HGETALL", key)
-  if fields.err then refuse_unreadable(key, {type = redis.call("TYPE", key).ok}) end
+  local fields = redis.call("HGETALL", key)
   local holders, count, kept = {}, 0, 0
   local lock = {[FENCE] = false, [NAMES] = false}
   for i = 1, #fields, 2 do
