@@ -1083,3 +1083,98 @@ def test_a_refusal_is_kept_when_the_mark_is_gone_too(redis_client):
         acquire(RedisBackend(client=redis_client), "m1", key="dramatiq-unique:{d1}")
     with pytest.raises(LockStoreHealing):
         acquire(sender, "m2", key="dramatiq-unique:{d2}")
+
+
+FIELD_NOT_READ = (
+    "The Redis lock backend took no place in lock {key!r}: it holds field {field!r} = {value!r}, which is not a "
+    "record of this version (written by another version, or by hand), and no place is taken beside what cannot be "
+    "read. Remove that field (see Errors in the docs) to use this lock again."
+)
+
+
+@pytest.mark.parametrize(
+    ("junk", "field", "value"),
+    [
+        ({"junk": "x"}, "junk", "x"),
+        ({"A": "1|2|3|not a holder"}, "A", "1|2|3|not a holder"),
+        ({"A": "-||1|qe|||settle|payments|"}, "A", "-||1|qe|||settle|payments|"),  # a holder, no token
+        ({"fence": "junk"}, "fence", "junk"),
+        ({"junk": "y" * 101}, "junk", "y" * 100 + "…"),
+        ("a string", None, None),
+    ],
+)
+def test_a_send_to_a_lock_holding_what_this_version_cannot_read_raises_naming_the_key(redis_env, junk, field, value):
+    # Issue 32 (also checked): a send to a lock key holding junk failed with "bad argument #1 to
+    # 'byte'", naming no key. It raises LockBackendError naming the key and what it holds, and
+    # nothing is enqueued.
+    from dramatiq_unique import Locks
+    from dramatiq_unique.keys import enqueue_key
+
+    @redis_env.actor(lock="until_executed")
+    def settle(account):
+        pass
+
+    explained = Locks.from_middleware(redis_env.middleware).explain(settle, "acct-1")
+    key = enqueue_key(str(explained.prefix), str(explained.digest))
+    client = redis_env.broker.client
+    if isinstance(junk, dict):
+        client.hset(key, mapping=junk)
+    else:
+        client.set(key, junk)
+    with pytest.raises(LockBackendError) as raised:
+        settle.send("acct-1")
+    assert str(raised.value) == (
+        FIELD_NOT_READ.format(key=key, field=field, value=value)
+        if field
+        else f"The Redis lock backend left key {key!r} as it is: it holds a string, not the hash this version "
+        "writes there (written by another program, or by hand). Remove that key (see Errors in the docs) to use this "
+        "lock again."
+    )
+    assert redis_env.seen.enqueues == []
+
+
+def test_a_lock_holding_what_this_version_cannot_read_takes_no_place_beside_it_but_frees_its_own(redis_client):
+    # Issue 32 (also checked): with lock_limit=2, one readable holder and one record this version
+    # cannot read, a second place is refused (the unreadable one might be the same message); the
+    # readable holder still gives its place up, and the unreadable record stays for whoever wrote it.
+    backend = RedisBackend(client=redis_client)
+    assert acquire(backend, "A", limit=2).acquired
+    redis_client.hset(KEY, "junk", "x")
+    with pytest.raises(LockBackendError, match="holds field 'junk'"):
+        acquire(backend, "B", limit=2)
+    assert backend.release(KEY, "A")
+    assert (redis_client.hexists(KEY, "A"), redis_client.hget(KEY, "junk")) == (False, b"x")
+    with pytest.raises(LockBackendError, match="holds field 'junk'"):
+        acquire(backend, "B", limit=2)
+    redis_client.hdel(KEY, "junk")
+    assert acquire(backend, "B", limit=2).acquired
+
+
+def test_a_lease_renewed_in_a_lock_holding_what_this_version_cannot_read_keeps_the_key_until_it_ends(redis_client):
+    # Issue 32 (also checked): the lock's expiry is never shortened beside a record this version
+    # cannot read, nor left short of a lease renewed beside it: the renewed holder's place lasts.
+    backend = RedisBackend(client=redis_client, fence_retention=1000)
+    assert acquire(backend, "A", limit=2, ttl=1000).acquired
+    redis_client.hset(KEY, "junk", "x")
+    assert backend.renew(KEY, "A", ttl=600_000)
+    assert redis_client.pttl(KEY) > 600_000
+    redis_client.persist(KEY)
+    assert backend.renew(KEY, "A", ttl=700_000)
+    assert redis_client.pttl(KEY) == -1
+
+
+@pytest.mark.parametrize("suffix", [":line", ":waiting"])
+def test_a_release_meeting_a_key_of_its_line_of_another_type_names_that_key(redis_client, suffix):
+    # Issue 32 (also checked): a key of a lock's line holding another type than this version writes
+    # there failed every release and start with WRONGTYPE, naming no key.
+    backend = RedisBackend(client=redis_client)
+    assert acquire(backend, "A").acquired
+    redis_client.set(KEY + suffix, "junk")
+    with pytest.raises(LockBackendError) as raised:
+        backend.release(KEY, "A")
+    expected = "list" if suffix == ":line" else "hash"
+    assert str(raised.value) == (
+        f"The Redis lock backend left key {KEY + suffix!r} as it is: it holds a string, not the {expected} this "
+        "version writes there (written by another program, or by hand). Remove that key (see Errors in the docs) to "
+        "use this lock again."
+    )

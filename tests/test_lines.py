@@ -16,9 +16,10 @@ import dramatiq
 import pytest
 
 from dramatiq_unique import Locks, RedisBackend, enqueue_outcome, reap_orphans
+from dramatiq_unique.keys import enqueue_key, line_key, run_key, waiters_key
 from dramatiq_unique.presentation import describe_lock, lock_table
 
-from .support import Gate, wait_for
+from .support import Gate, unique_warnings, wait_for
 
 #: StubBackend, a Redis server, and a Redis Cluster (locks on the cluster, messages on a Redis).
 ON_EVERY_BACKEND = pytest.mark.parametrize("env", ["stub", "redis", "cluster"], indirect=True)
@@ -560,3 +561,95 @@ def test_a_send_given_up_after_a_lost_answer_leaves_the_line(env):
     env.backend.release(key, "A")
     assert [m.partition(b"\n")[2] for m in handed] == [b"C"]
     assert env.backend.waiting_message(key, "B") is None
+
+
+#: Waiter entries this version cannot read: no fields at all, and a holder that is none.
+JUNK_ENTRIES = [b"junk", b"1\nnot a holder\n{}"]
+
+
+@pytest.mark.parametrize(
+    ("lock", "on_conflict"),
+    [
+        ("until_executed", "wait"),
+        ("while_executing", {"server": "wait"}),
+        ("until_and_while_executing", "wait"),
+    ],
+)
+def test_a_waiter_whose_entry_cannot_be_read_is_dropped_and_the_holder_runs(redis_env, caplog, lock, on_conflict):
+    # Issue 32 (2): a junk entry at the head of the line that a start reads (claim, line, swap)
+    # failed that start on every retry ("attempt to perform arithmetic on local 'first'"), and
+    # the lock stayed held. The waiter is dropped with a WARNING; the holder runs, then the next.
+    env, runs = redis_env, Runs()
+
+    @env.actor(lock=lock, on_conflict=on_conflict, reschedule_delay=POLLING_DELAY, lock_args_method=lambda seq: [])
+    def post(seq):
+        runs.run("all", seq)
+
+    first = post.send(0)
+    second = post.send(1)
+    digest = enqueue_outcome(first).digest
+    key = enqueue_key("dramatiq-unique", digest) if lock == "until_executed" else run_key("dramatiq-unique", digest)
+    if lock == "until_executed":
+        assert env.backend.lines([key]) == {key: (second.message_id,)}
+    env.broker.client.lpush(line_key(key), "ghost", b"\xff")
+    env.broker.client.hset(waiters_key(key), mapping={"ghost": b"junk", b"\xff": b"junk"})
+    env.worker(threads=1)
+    wait_for(lambda: len(runs.ends) == 2, timeout=30)
+    env.join(post)
+    assert [payload for payload, _, _ in runs.of("all")] == [0, 1]
+    assert unique_warnings(caplog) == [
+        f"The entry of message {message_id!r} among the waiters of lock {key!r} (digest {digest}) cannot be read "
+        "(written by another version, or by hand): it was dropped from the line, which goes on with the next."
+        for message_id in ("\ufffd", "ghost")  # the one that is no UTF-8 is told too
+    ]
+    assert env.is_free(digest, run=lock != "until_executed")
+    assert env.broker.client.hkeys(waiters_key(key)) == []
+
+
+@pytest.mark.parametrize("junk", JUNK_ENTRIES)
+def test_a_release_drops_a_waiter_it_cannot_read_and_hands_the_place_to_the_next(redis_env, caplog, junk):
+    # Issue 32 (2): the release of the holder hands its place over: past a junk entry, to the next waiter.
+    key, handed = "dramatiq-unique:{" + "a1" * 32 + "}", []
+    redis_env.backend.handoffs = handed.extend
+    send = sender(redis_env, key)
+    assert send("A").acquired and send("B").waiting == 1 and send("C").waiting == 2
+    redis_env.broker.client.hset(waiters_key(key), "B", junk)
+    assert redis_env.backend.release(key, "A")
+    assert [m.partition(b"\n")[2] for m in handed] == [b"C"]
+    assert redis_env.backend.lines([key]) == {}
+    (warning,) = unique_warnings(caplog)
+    assert warning.startswith(f"The entry of message 'B' among the waiters of lock {key!r} (digest {'a1' * 32})")
+
+
+@pytest.mark.parametrize("junk", JUNK_ENTRIES)
+def test_the_reapers_steps_take_a_waiter_entry_they_cannot_read_for_none(redis_env, caplog, junk):
+    # Issue 32 (2): the orphan reaper enqueues again, from its waiter entry, a message handed a place
+    # that never reached the broker (waiting_message, hand_again). A junk entry raised IndexError,
+    # or was enqueued as a message. It is taken for none, and hand_again drops it.
+    key, handed = "dramatiq-unique:{" + "a2" * 32 + "}", []
+    redis_env.backend.handoffs = handed.extend
+    send = sender(redis_env, key)
+    assert send("A").acquired and send("B").waiting == 1
+    redis_env.backend.release(key, "A")
+    assert [m.partition(b"\n")[2] for m in handed] == [b"B"]
+    client = redis_env.broker.client
+    client.hset(waiters_key(key), "B", junk)
+    if junk == b"junk":
+        assert redis_env.backend.waiting_message(key, "B") is None
+    assert redis_env.backend.hand_again(key, "B", client.hget(key, "B").decode()) is None
+    assert client.hexists(waiters_key(key), "B") == 0
+    assert unique_warnings(caplog)[-1].startswith(
+        f"The entry of message 'B' among the waiters of lock {key!r} (digest {'a2' * 32}) cannot be read"
+    )
+
+
+def sender(env, key: str):
+    """Sends of ``message_id`` to the lock ``key``, waiting in its line when it is taken."""
+    from dramatiq_unique.backends import Holder, Waiter
+
+    def send(message_id: str):
+        holder = Holder(message_id, "post", "default", "until_executed", "queued")
+        waiter = Waiter(message=message_id.encode(), line_limit=10)
+        return env.backend.acquire(key, message_id, limit=1, ttl=None, holder=holder, waiter=waiter)
+
+    return send

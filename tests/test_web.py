@@ -308,6 +308,21 @@ def test_unlock_one_holder_one_lock_and_all_of_an_actor_answers_with_what_it_fre
     assert env.is_free(report)
 
 
+def test_unlock_this_holder_frees_a_holder_whose_message_id_is_empty_and_no_other(redis_client):
+    # Issue 32 (6): lock_limit=2, holders "" and "keep-me". The form parser dropped the blank
+    # message_id, which then meant "the whole lock": both were freed.
+    backend, key = RedisBackend(client=redis_client), enqueue_key("dramatiq-unique", "e" * 64)
+    for message_id in ("", "keep-me"):
+        holder = Holder(message_id, "report", "default", "until_executed", "queued")
+        assert backend.acquire(key, message_id, limit=2, ttl=None, holder=holder).acquired
+    c = Client(make_wsgi_app(backend, allow_unlock=True), script_name=ROOT)
+    holder_forms = [f for f in c.get("/locks/" + "e" * 64).post_forms if "unlock-holder" in f.buttons]
+    (empty,) = [f for f in holder_forms if f.fields["message_id"] == ""]
+    freed = c.submit(empty)
+    assert "Freed 1 place(s) in 1 lock(s)" in freed.text
+    assert [h.message_id for lock in Locks(backend).get("e" * 64) for h in lock.holders] == ["keep-me"]
+
+
 def test_a_page_without_a_broker_leaves_a_lock_with_a_line_held(redis_env):
     # Issue 31 (2): served with --url (a bare backend), the page freed the place and handed it to
     # the message waiting in line, which it could not enqueue: the job was wedged.

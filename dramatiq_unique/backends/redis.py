@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import logging
 import re
 import time
 import uuid
@@ -18,6 +20,7 @@ from ..errors import InvalidBackendOptions, LineNeedsBroker, LockBackendError, L
 from ..keys import (
     debounce_key,
     digest_keys_start,
+    digest_of,
     epoch_key,
     in_hand_key,
     line_key,
@@ -46,6 +49,8 @@ from .base import (
 )
 from .native_connection import native_client
 from .scripts import LuaScripts, ScriptCaller
+
+_logger = logging.getLogger(__name__)
 
 #: What redis-py raises when Redis cannot be reached or fails. RedisClusterException is
 #: no RedisError: a RedisCluster client raises it when no node of the cluster answers.
@@ -336,20 +341,21 @@ class RedisBackend(LockBackend):
             return _acquisition(self._call("acquire", [key], args, refusal=refusal))
         mode = "send" if starting is None else "start"
         args += [mode, starting or "", *_waiter_args(waiter, holder, limit)]
-        reply, handed = self._call("line", [key, *_line_keys(key)], args, refusal=refusal)
-        self.hand_over(handed)
+        reply, handed, dropped = self._call("line", [key, *_line_keys(key)], args, refusal=refusal)
+        self._hand_over(handed, dropped)
         return _acquisition(reply)
 
     def record_handoff(self, key: str, owner: str, *, holder: Holder, handoff: int) -> Acquisition:
         return _acquisition(self._call("handed", [key], [owner, holder.encode(owner), handoff]))
 
     def hand_again(self, key: str, owner: str, record: str) -> bytes | None:
-        handed = self._call("hand_again", [key, *_line_keys(key)], [owner, record])
+        handed, dropped = self._call("hand_again", [key, *_line_keys(key)], [owner, record])
+        _report_dropped(dropped)
         return None if handed is None else _bytes(handed)
 
     def release(self, key: str, owner: str) -> bool:
-        released, handed = self._call("release", [key, *_line_keys(key)], [owner])
-        self.hand_over(handed)
+        released, handed, dropped = self._call("release", [key, *_line_keys(key)], [owner])
+        self._hand_over(handed, dropped)
         return bool(released)
 
     def release_many(self, places: Sequence[tuple[str, str]]) -> list[bool]:
@@ -366,10 +372,10 @@ class RedisBackend(LockBackend):
                 groups.setdefault(self.client.keyslot(key) if cluster else 0, []).append(i)  # type: ignore[union-attr]
         for group in groups.values():
             keys = [key for i in group for key in (places[i][0], *_line_keys(places[i][0]))]
-            reply, handed = self._call("release_many", keys, [places[i][1] for i in group])
+            reply, handed, dropped = self._call("release_many", keys, [places[i][1] for i in group])
             for i, answer in zip(group, reply, strict=True):
                 released[i] = bool(answer)
-            self.hand_over(handed)
+            self._hand_over(handed, dropped)
         return released
 
     def replace(
@@ -396,12 +402,12 @@ class RedisBackend(LockBackend):
     def claim(
         self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder, starting: str = ""
     ) -> str:
-        reply, handed = self._call(
+        reply, handed, dropped = self._call(
             "claim",
             [key, replaced_key, *_line_keys(key)],
             [owner, "release" if release else "run", holder.encode(owner), starting],
         )
-        self.hand_over(handed)
+        self._hand_over(handed, dropped)
         return {1: HELD, 0: LAPSED, -1: SUPERSEDED, -3: STARTED_BEFORE}[reply]
 
     def swap(
@@ -421,7 +427,7 @@ class RedisBackend(LockBackend):
         args = [release_owner, owner, limit, ttl or 0, holder.encode(owner), starting]
         if waiter is not None:
             args += ["start", *_waiter_args(waiter, holder, limit)]
-        reply, handed = self._call(
+        reply, handed, dropped = self._call(
             "swap",
             [
                 release_key,
@@ -435,7 +441,7 @@ class RedisBackend(LockBackend):
             args,
             refusal=self._refusal_keys(acquire_key),
         )
-        self.hand_over(handed)
+        self._hand_over(handed, dropped)
         return _acquisition(reply)
 
     def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
@@ -630,12 +636,12 @@ class RedisBackend(LockBackend):
         return sorted(keys.values())
 
     def release_record(self, key: str, owner: str, record: str) -> bool:
-        released, handed, *waiting = self._call(
+        released, handed, dropped, *waiting = self._call(
             "release_record", [key, *_line_keys(key)], [owner, record, self._no_broker()]
         )
         if waiting:
             raise LineNeedsBroker(key, int(waiting[0]))
-        self.hand_over(handed)
+        self._hand_over(handed, dropped)
         return bool(released)
 
     def lines(self, keys: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -648,6 +654,11 @@ class RedisBackend(LockBackend):
             raise _backend_error(e) from e
         return {key: tuple(map(_text, ids)) for key, ids in zip(keys, answers, strict=True) if ids}
 
+    def _hand_over(self, handed: Sequence[Any], dropped: Sequence[Any]) -> None:
+        """Report the waiters a script ``dropped``, then pass the messages it ``handed`` a place on."""
+        _report_dropped(dropped)
+        self.hand_over(handed)
+
     def _no_broker(self) -> str:
         """The scripts' flag of a caller that cannot enqueue the messages a line is handed."""
         return "1" if self.handoffs is None else ""
@@ -657,8 +668,21 @@ class RedisBackend(LockBackend):
             entry = self.client.hget(waiters_key(key), message_id)
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
+        if entry is None:
+            return None
         # Recorded after the number of places it waits for and its holder (holders.lua's waiters).
-        return None if entry is None else _bytes(entry).split(b"\n", 2)[2]
+        limit, _, rest = _bytes(entry).partition(b"\n")
+        holder, newline, message = rest.partition(b"\n")
+        if not (limit.isdigit() and holder and newline):
+            _logger.warning(
+                "The entry of message %r among the waiters of lock %r (digest %s) cannot be read (written by "
+                "another version, or by hand): it is taken for no message waiting.",
+                message_id,
+                key,
+                digest_of(key),
+            )
+            return None
+        return message
 
     def time(self) -> int:
         try:
@@ -679,10 +703,10 @@ class RedisBackend(LockBackend):
 
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
         args = [self._no_broker(), *(value for owner, record in records.items() for value in (owner, record))]
-        released, handed, *waiting = self._call("release_records", [key, *_line_keys(key)], args)
+        released, handed, dropped, *waiting = self._call("release_records", [key, *_line_keys(key)], args)
         if waiting:
             raise LineNeedsBroker(key, int(waiting[0]))
-        self.hand_over(handed)
+        self._hand_over(handed, dropped)
         return [_text(owner) for owner in released]
 
     def get_value(self, key: str) -> str | None:
@@ -746,7 +770,7 @@ class RedisBackend(LockBackend):
                     raise _backend_error(e) from e
                 time.sleep(0.05)
             except _REDIS_ERRORS as e:
-                raise self._failed(e) from e
+                raise self._failed(e, [*keys, *refusal]) from e
 
     def _call_many(self, script: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
         """Run ``script`` once for each ``(keys, args)`` of ``calls``, as :meth:`_call` does; the
@@ -798,10 +822,32 @@ class RedisBackend(LockBackend):
                 replies[n] = reply
         return replies
 
-    def _failed(self, e: Exception) -> LockBackendError:
-        """The :class:`LockBackendError` of a call that failed with ``e``."""
+    def _failed(self, e: Exception, keys: Sequence[str] = ()) -> LockBackendError:
+        """The :class:`LockBackendError` of a call of ``keys`` that failed with ``e``."""
         if isinstance(e, (redis.ConnectionError, redis.TimeoutError)) and _is_cluster(self.client):
             self._stale_slots = True  # a master may have failed over: ask for the slot map again
+        if isinstance(e, redis.ResponseError) and str(e).startswith("WRONGTYPE") and keys:
+            return self._wrong_type(keys, e)
+        return _backend_error(e)
+
+    def _wrong_type(self, keys: Sequence[str], e: redis.ResponseError) -> LockBackendError:
+        """The error of a script that met one of its ``keys`` holding another type than this
+        version writes there (another program's key, a hand edit): it names that key."""
+        try:
+            pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call, unused-ignore]
+            for key in keys:
+                pipe.type(key)
+            found = [_text(kind) for kind in pipe.execute()]
+        except _REDIS_ERRORS:
+            return _backend_error(e)
+        for key, kind in zip(keys, found, strict=True):
+            expected = next((written for end, written in _KEY_TYPES if key.endswith(end)), None)
+            if expected is not None and kind not in (expected, "none"):
+                return LockBackendError(
+                    f"The Redis lock backend left key {key!r} as it is: it holds a {kind}, not the {expected} this "
+                    "version writes there (written by another program, or by hand). Remove that key (see Errors in "
+                    "the docs) to use this lock again."
+                )
         return _backend_error(e)
 
     def _call_replicated(self, script: str, keys: list[str], args: list[Any]) -> Any:
@@ -992,8 +1038,55 @@ def _url_error(problem: str) -> str:
 
 
 def _backend_error(e: Exception) -> LockBackendError:
+    if isinstance(e, redis.ResponseError) and str(e).startswith(_UNREADABLE):
+        return _unreadable_lock(str(e))
     # The error names host and port at most, never credentials.
     return LockBackendError(f"The Redis lock backend failed: {type(e).__name__}: {e}")
+
+
+#: The type of each key of a digest that the scripts write, by the end of its name (keys.py).
+_KEY_TYPES = (
+    ("}", "hash"),
+    ("}:run", "hash"),
+    (":line", "list"),
+    (":waiting", "hash"),
+    (":served", "zset"),
+    (":replaced", "set"),
+    (":debounce", "string"),
+)
+
+#: How a script's error starts when a lock holds what this version cannot read (holders.lua's
+#: refuse_unreadable), followed by what it found, in JSON.
+_UNREADABLE = "UNREADABLE "
+
+
+def _unreadable_lock(error: str) -> LockBackendError:
+    """The error of a script that met a lock holding what this version cannot read."""
+    try:
+        found, _ = json.JSONDecoder().raw_decode(error, len(_UNREADABLE))
+        key = found["key"]
+    except (ValueError, TypeError, KeyError):
+        return LockBackendError(f"The Redis lock backend met a lock it cannot read: {error}")
+    value = found["value"] + ("…" if found.get("cut") else "")
+    return LockBackendError(
+        f"The Redis lock backend took no place in lock {key!r}: it holds field {found['field']!r} = {value!r}, which "
+        "is not a record of this version (written by another version, or by hand), and no place is taken beside "
+        "what cannot be read. Remove that field (see Errors in the docs) to use this lock again."
+    )
+
+
+def _report_dropped(dropped: Sequence[Any]) -> None:
+    """Say which waiters a script dropped: ``dropped`` holds a lock key and a message id for each."""
+    for key, message_id in zip(dropped[::2], dropped[1::2], strict=True):
+        # A message id written by hand may be no UTF-8: it is told all the same.
+        key, message_id = _bytes(key).decode(errors="replace"), _bytes(message_id).decode(errors="replace")
+        _logger.warning(
+            "The entry of message %r among the waiters of lock %r (digest %s) cannot be read (written by another "
+            "version, or by hand): it was dropped from the line, which goes on with the next.",
+            message_id,
+            key,
+            digest_of(key),
+        )
 
 
 def _server_name(client: Any) -> str:

@@ -98,7 +98,8 @@ class Request:
             if not 0 <= length <= MAX_BODY:
                 raise HTTPError(400, "The form is too large, or its length is not given.")
             body = self.environ["wsgi.input"].read(length).decode("utf-8", "replace")
-            self._form = {k: v[0] for k, v in parse_qs(body).items()}
+            # A blank value is a value: the unlock form of a holder whose message_id is empty sends one.
+            self._form = {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
         return self._form
 
     def url(self, path: str, **query: Any) -> str:
@@ -298,12 +299,13 @@ class LocksWebApp:
 
     def unlock(self, request: Request) -> Response:
         form = request.form
-        digest, message_id = form.get("digest", ""), form.get("message_id") or None
+        # Without a message_id (the form of the whole lock), every holder of the digest is freed.
+        digest, message_id = form.get("digest", ""), form.get("message_id")
         try:
             freed = self.locks.unlock(digest, message_id)
         except ValueError as e:
             raise HTTPError(400, str(e)) from None
-        what = f"digest {digest}" + (f", message {message_id}" if message_id else "")
+        what = f"digest {digest}" + ("" if message_id is None else f", message {message_id!r}")
         return self._render(request, "freed.html", freed=freed, what=what)
 
     def unlock_actor(self, request: Request) -> Response:

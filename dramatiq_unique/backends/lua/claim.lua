@@ -6,20 +6,20 @@
 -- ARGV: owner, "release" or "run", holder (for "run"), the copy of the message (served_before).
 -- Returns {1 when the owner held a place, 0 when it held none (it lapsed), -1 when a newer
 -- message took its place (replace), or -3 when this copy of it started before (a line's): it
--- must not run; the messages the line was handed}. A replaced message gives up any place it took again
+-- must not run; the messages the line was handed; the waiters dropped (hand_over)}. A replaced message gives up any place it took again
 -- since (a delayed copy or a retry coming due).
 local key, owner = KEYS[1], ARGV[1]
 local line = line_at(KEYS[3], KEYS[4], KEYS[5])
 if redis.call("SREM", KEYS[2], owner) == 1 then
   local _, handed = release_place(key, line, owner, false)
-  return {-1, handed}
+  return {-1, handed, dropped}
 end
 local holders, count = live_holders(key)
 local record = holders[owner]
 -- Only a copy a line handed a place is checked: every other start (nearly all) costs no ZSCORE.
 if ARGV[4] ~= "" and (served_before(line, owner, ARGV[4]) or handed_to_another(line, owner, record, ARGV[4])) then
   expire_with_holders(key, holders, count)
-  return {-3, {}}
+  return {-3, {}, {}}
 end
 local answer = 0
 if record then
@@ -39,4 +39,4 @@ end
 local handed
 handed, count = hand_over(key, line, holders, count)
 expire_with_holders(key, holders, count)
-return {answer, handed}
+return {answer, handed, dropped}

@@ -72,13 +72,17 @@ end
 local known = {}
 -- The locks whose hash this script found absent: one it creates has no expiry to take away.
 local absent = {}
+-- Each lock whose hash holds a record this version cannot read -> the first such field and its value.
+local unreadable = {}
+-- The waiters whose entry could not be read, dropped from their line: lock key, message id, ...
+local dropped = {}
 -- The field writes of each lock not sent yet: field -> value, false to delete.
 local staged = {}
 
 -- Forgets the clock read and the hashes read by an earlier call: a library of Redis
 -- Functions keeps this file's state from one call to the next.
 local function begin_call()
-  now_ms, now_us, known, absent, staged = nil, nil, {}, {}, {}
+  now_ms, now_us, known, absent, staged, unreadable, dropped = nil, nil, {}, {}, {}, {}, {}
 end
 
 local function stage(key, field, value)
@@ -121,17 +125,39 @@ local function flush(key)
   if #set > 0 then redis.call("HSET", key, unpack(set)) end
 end
 
--- Returns expires_at (nil: never), token, acquired_at and the holder.
+-- Returns expires_at (nil: never), token, acquired_at and the holder; nothing for a record
+-- without the numbers of its form (live_holders also checks the holder: readable_holder).
 local function parse(record)
   local a, b, c, holder = string.match(record, "^(-?%d*)|(-?%d*)|(-?%d*)|(.*)$")
+  if not holder or holder == "" then return end
   if string.byte(holder) == JSON then
-    return tonumber(a), tonumber(b), tonumber(c), holder
+    local token, acquired_at = tonumber(b), tonumber(c)
+    if not (token and acquired_at) then return end
+    return tonumber(a), token, acquired_at, holder
   end
-  local token = tonumber(a)
+  local token, lifetime = tonumber(a), tonumber(c)
+  if not token or (c ~= "" and not lifetime) then return end
   local acquired_at = (token - token % 1000) / 1000 - (tonumber(b) or 0)
   local expires_at = nil
-  if c ~= "" then expires_at = acquired_at + tonumber(c) end
+  if lifetime then expires_at = acquired_at + lifetime end
   return expires_at, token, acquired_at, holder
+end
+
+-- Whether `holder` is one as Holder.encode writes it: compact, "<state><lock>[+]" and five
+-- "|", or a JSON object with a message_id.
+local function readable_holder(holder)
+  if string.byte(holder) ~= JSON then
+    return string.match(holder, "^[qr]%l%+?|[^|]*|[^|]*|[^|]*|[^|]*|") ~= nil
+  end
+  local ok, fields = pcall(cjson.decode, holder)
+  return ok and type(fields) == "table" and type(fields.message_id) == "string"
+end
+
+-- Raises the error that RedisBackend reports as a lock holding what this version cannot read:
+-- `found` is a field and its value. (A key of another type fails its first command: WRONGTYPE.)
+local function refuse_unreadable(key, found)
+  found.key = key
+  error({err = "UNREADABLE " .. cjson.encode(found)})
 end
 
 local function format_record(expires_at, token, acquired_at, holder)
@@ -188,6 +214,11 @@ local function share_names(key, count, holder)
   return head .. "|||" .. id
 end
 
+-- Remembers the first field of the lock's hash that this version cannot read (live_holders).
+local function mark_unreadable(key, field, value)
+  if not unreadable[key] then unreadable[key] = {field = field, value = value} end
+end
+
 -- Drops the holders whose place lapsed; returns the others (owner -> record), their count, and
 -- how many lapsed places it kept. Lapse is judged by the server clock now (read only if a
 -- place may lapse): after that clock stepped back, a lapsed place that no script dropped yet
@@ -195,6 +226,11 @@ end
 -- keys. A script that cannot hand a freed place to the lock's line (it has not its keys) passes
 -- `keep_lapsed`: the lapsed places stay, not counted, for a step that hands them over (a
 -- release, a start, a new send, the orphan reaper), so that no waiter is forgotten.
+--
+-- A record this version cannot read (another version's, a hand edit) is neither dropped nor
+-- counted as a holder: the lock is marked unreadable, so that no place is taken or handed
+-- beside a holder that cannot be told apart from a free place (reject_unreadable), while its
+-- readable holders may still give theirs up.
 local function live_holders(key, keep_lapsed)
   local fields = redis.call("HGETALL", key)
   local holders, count, kept = {}, 0, 0
@@ -204,9 +240,15 @@ local function live_holders(key, keep_lapsed)
     local owner = field_owner(field)
     if not owner then
       lock[field] = record
+      -- The fence, or the record of an earlier version's holder named "fence" (last_token).
+      if field == FENCE and not tonumber(record) and not select(2, parse(record)) then
+        mark_unreadable(key, field, record)
+      end
     else
-      local expires_at = parse(record)
-      if expires_at and expires_at <= clock() then
+      local expires_at, token, _, holder = parse(record)
+      if not token or not readable_holder(holder) then
+        mark_unreadable(key, field, record)
+      elseif expires_at and expires_at <= clock() then
         if keep_lapsed then kept = kept + 1 else write_holder(key, owner, false) end
       else
         holders[owner] = record
@@ -219,15 +261,28 @@ local function live_holders(key, keep_lapsed)
   return holders, count, kept
 end
 
+-- Refuses a new place in a lock that holds a record this version cannot read (live_holders),
+-- naming the record with the first SHOWN bytes of its value.
+local SHOWN = 100
+local function reject_unreadable(key)
+  local found = unreadable[key]
+  if found then
+    refuse_unreadable(key, {field = found.field, value = string.sub(found.value, 1, SHOWN), cut = #found.value > SHOWN})
+  end
+end
+
 -- The key lives as long as its longest-lived holder, then FENCE_RETENTION ms
 -- more, and at least until FENCE_RETENTION past its last token's time. Once
 -- its last holder left, the key keeps its fence alone: expiry follows the
 -- server clock, so the key is still there after that clock stepped back by
 -- less than FENCE_RETENTION, and tokens keep increasing.
 local function expire_with_holders(key, holders, count)
-  if count == 0 and lock_field(key, NAMES) then write_lock_field(key, NAMES, false) end
+  -- A lock that holds a record this version cannot read keeps its fields and an expiry at least
+  -- as late as it had: that record may be of a holder that never lapses.
+  local keeps_unreadable = unreadable[key] ~= nil
+  if count == 0 and not keeps_unreadable and lock_field(key, NAMES) then write_lock_field(key, NAMES, false) end
   flush(key)
-  if count == 0 and lock_field(key, FENCE) then
+  if count == 0 and not keeps_unreadable and lock_field(key, FENCE) then
     -- A hash that held a record longer than hash-max-listpack-value (a run
     -- lock's, with a worker id and a message id) keeps Redis' large encoding;
     -- restored, a hash of one short field takes the compact one: half the memory.
@@ -241,7 +296,8 @@ local function expire_with_holders(key, holders, count)
       if type(dumped) == "string" then redis.pcall("RESTORE", key, 0, dumped, "REPLACE") end
     end
   end
-  local latest = math.floor(last_token(key) / 1000)
+  local latest = 0
+  if not keeps_unreadable then latest = math.floor(last_token(key) / 1000) end
   for _, record in pairs(holders) do
     local expires_at = parse(record)
     if not expires_at then
@@ -249,6 +305,10 @@ local function expire_with_holders(key, holders, count)
       return
     end
     if expires_at > latest then latest = expires_at end
+  end
+  if keeps_unreadable then
+    local left = redis.call("PTTL", key)
+    if left == -1 or clock() + left >= latest + FENCE_RETENTION then return end
   end
   redis.call("PEXPIREAT", key, latest + FENCE_RETENTION)
 end
@@ -281,6 +341,7 @@ end
 -- or {-2} when the place would be new and new places are `refused` (new_places_refused).
 -- `holders` and `count` are the lock's live holders (live_holders), updated here.
 local function take_place(key, owner, limit, ttl, extend, holder, refused, holders, count)
+  reject_unreadable(key)
   local now, now_us = clock()
   local expires_at = nil
   if ttl > 0 then expires_at = now + ttl + extend end
@@ -366,26 +427,40 @@ local function line_at(list, waiters, served)
   return {list = list, waiters = waiters, served = served}
 end
 
+-- Returns the limit, holder and message of a waiter's entry; nothing for an entry that is not
+-- one (another version's, a hand edit).
 local function parse_waiter(entry)
-  local first = string.find(entry, "\n", 1, true)
-  local second = string.find(entry, "\n", first + 1, true)
-  return tonumber(string.sub(entry, 1, first - 1)), string.sub(entry, first + 1, second - 1),
-    string.sub(entry, second + 1)
+  local limit, holder, message = string.match(entry, "^(%d+)\n([^\n]*)\n(.*)$")
+  if not limit or holder == "" or not readable_holder(holder) then return end
+  return tonumber(limit), holder, message
 end
 
--- Hands the free places of the lock to the head of its line, in order. Returns the messages
--- handed a place, and the lock's new count of holders.
+-- Drops message `id` of the lock at `key` from the waiters, whose entry could not be read: its
+-- caller reports it (the dropped waiters are in each reply of a script that hands places over).
+local function drop_waiter(key, line, id)
+  redis.call("HDEL", line.waiters, id)
+  table.insert(dropped, key)
+  table.insert(dropped, id)
+end
+
+-- Hands the free places of the lock to the head of its line, in order, dropping each waiter
+-- whose entry cannot be read. Returns the messages handed a place, and the lock's new count of
+-- holders. A lock that holds a record this version cannot read hands nothing: its line waits.
 local function hand_over(key, line, holders, count)
   local handed = {}
-  if not line then return handed, count end
+  if not line or unreadable[key] then return handed, count end
   while true do
     local head = redis.call("LINDEX", line.list, 0)
     if not head then break end
     local entry = redis.call("HGET", line.waiters, head)
     -- A waiter that was let go (an operator freed it) or that holds a place already leaves.
     if entry and holders[head] then redis.call("HDEL", line.waiters, head) end
+    local limit, holder, message = nil, nil, nil
     if entry and not holders[head] then
-      local limit, holder, message = parse_waiter(entry)
+      limit, holder, message = parse_waiter(entry)
+      if not limit then drop_waiter(key, line, head) end
+    end
+    if limit then
       if count >= limit then break end
       local now, now_us = clock()
       local token = math.max(last_token(key) + 1, now_us)
@@ -474,6 +549,7 @@ local function take_or_wait(key, line, owner, limit, ttl, extend, holder, refuse
                             keeps_latest)
   local id = message_id(owner, holder)
   local holders, count = live_holders(key)
+  reject_unreadable(key)
   local handed
   handed, count = hand_over(key, line, holders, count)
   local reserved = false

@@ -1,5 +1,6 @@
 -- flags: allow-oom
 -- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at). ARGV: owner.
--- Returns {1, or 0 when the owner held no place; the messages its line was handed}.
+-- Returns {1, or 0 when the owner held no place; the messages its line was handed; the waiters
+-- dropped (hand_over)}.
 local removed, handed = release_place(KEYS[1], line_at(KEYS[2], KEYS[3], KEYS[4]), ARGV[1], false)
-return {removed, handed}
+return {removed, handed, dropped}

@@ -3,11 +3,12 @@
 -- reaper never frees a place that was renewed or re-taken after it read it.
 -- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at). ARGV: owner, record, and
 -- "1" for a caller that cannot enqueue the messages a line is handed (it has no broker).
--- Returns {1, or 0 when the place changed or went; the messages the line was handed}, or, for
--- such a caller when messages wait in the line, {0, {}, how many wait}: it frees nothing.
+-- Returns {1, or 0 when the place changed or went; the messages the line was handed; the waiters
+-- dropped (hand_over)}, or, for such a caller when messages wait in the line, {0, {}, {}, how
+-- many wait}: it frees nothing.
 local key, line = KEYS[1], line_at(KEYS[2], KEYS[3], KEYS[4])
 local waiting = without_broker_waiting(line, ARGV[3])
-if waiting > 0 then return {0, {}, waiting} end
+if waiting > 0 then return {0, {}, {}, waiting} end
 local holders, count = live_holders(key)
 local removed = 0
 local record = holders[ARGV[1]]
@@ -21,4 +22,4 @@ end
 local handed
 handed, count = hand_over(key, line, holders, count)
 expire_with_holders(key, holders, count)
-return {removed, handed}
+return {removed, handed, dropped}

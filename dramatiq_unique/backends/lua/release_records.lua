@@ -7,11 +7,11 @@
 -- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at).
 -- ARGV: "1" for a caller that cannot enqueue the messages a line is handed (it has no broker),
 -- else "", then owner, record, owner, record, ... Returns {the owners freed, the messages the
--- line was handed}, or, for such a caller when messages wait in the line, {{}, {}, how many
--- wait}: it frees nothing.
+-- line was handed, the waiters dropped (hand_over)}, or, for such a caller when messages wait
+-- in the line, {{}, {}, {}, how many wait}: it frees nothing.
 local key, line = KEYS[1], line_at(KEYS[2], KEYS[3], KEYS[4])
 local waiting = without_broker_waiting(line, ARGV[1])
-if waiting > 0 then return {{}, {}, waiting} end
+if waiting > 0 then return {{}, {}, {}, waiting} end
 local holders, count = live_holders(key)
 local removed = {}
 for i = 2, #ARGV, 2 do
@@ -28,4 +28,4 @@ end
 local handed
 handed, count = hand_over(key, line, holders, count)
 expire_with_holders(key, holders, count)
-return {removed, handed}
+return {removed, handed, dropped}

@@ -11,6 +11,7 @@
 local key, replaced_key, owner, limit = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
 local refused = new_places_refused(KEYS[4], KEYS[5])
 local holders, count = live_holders(key)
+reject_unreadable(key) -- before a holder is replaced
 local held_before = holders[owner] ~= nil
 local victim = nil
 if count >= limit and not held_before and not refused then

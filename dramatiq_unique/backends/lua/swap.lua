@@ -10,17 +10,17 @@
 -- Returns {acquire's or take_or_wait's reply, or {-1} when a newer message took the enqueue
 -- owner's place (then any place it took again since, a delayed copy or a retry coming due, is
 -- given up), or {-3} when this copy of a message handed a place by a line started before; the
--- messages the lines were handed}. A message that runs, or waits in the run lock's line, left
+-- messages the lines were handed; the waiters dropped (hand_over)}. A message that runs, or waits in the run lock's line, left
 -- its queue: it gives up its enqueue place.
 local enqueue_line = line_at(KEYS[4], KEYS[6], KEYS[7])
 if redis.call("SREM", KEYS[3], ARGV[1]) == 1 then
   local _, handed = release_place(KEYS[1], enqueue_line, ARGV[1], false)
-  return {{-1}, handed}
+  return {{-1}, handed, dropped}
 end
 if ARGV[6] ~= "" then
   local place = redis.call("HGET", KEYS[1], holder_field(ARGV[1]))
   if served_before(enqueue_line, ARGV[1], ARGV[6]) or handed_to_another(enqueue_line, ARGV[1], place, ARGV[6]) then
-    return {{-3}, {}}
+    return {{-3}, {}, {}}
   end
 end
 local refused = new_places_refused(KEYS[8], KEYS[9])
@@ -41,4 +41,4 @@ if reply[1] == 1 or reply[1] == 3 then
   local _, more = release_place(KEYS[1], enqueue_line, ARGV[1], reply[1] == 3)
   for _, message in ipairs(more) do table.insert(handed, message) end
 end
-return {reply, handed}
+return {reply, handed, dropped}
