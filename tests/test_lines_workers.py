@@ -12,6 +12,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import TimeLimit
 
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique.keys import enqueue_key
 
 from .support import wait_for
 from .test_concurrency import processes  # noqa: F401 (fixture)
@@ -99,10 +100,12 @@ def test_the_retry_of_a_message_a_line_handed_a_place_runs_in_a_worker_process(w
     # Issue 31 (1): the handed message failed once; its retry was skipped as "a copy of it started
     # already" and never ran, and its new enqueue place, never given up, held the job for ever.
     save, _ = sender
-    save.send(0)
+    key = enqueue_key("dramatiq-unique", enqueue_outcome(save.send(0)).digest)
     assert enqueue_outcome(save.send(1)).status == "waiting"
     worker()
     wait_for(lambda: "end 1" in runs(redis_client), timeout=30)
+    # The retry gives its place up as it starts, from the release thread: maybe after its end.
+    wait_for(lambda: RedisBackend(client=redis_client).read([key])[1] == [])
     # until_executing: 1 is handed the place as 0 starts, and may start while 0 runs.
     assert sorted(runs(redis_client)) == ["end 0", "end 1", "start 0", "start 1", "start 1"]
     assert runs(redis_client).index("start 0") < runs(redis_client).index("start 1")
