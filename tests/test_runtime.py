@@ -369,6 +369,8 @@ def test_a_worker_process_runs_two_threads_of_the_library_and_a_sender_one(redis
         env={**os.environ, "PYTHONPATH": path},
     )
     assert result.returncode == 0, result.stderr
+    # Nothing escapes as the interpreter exits: a weak reference's callback once did, on 3.13.
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr
     most = json.loads(result.stdout.splitlines()[-1])
     # A process that sends flushes its activity counts from the periodic thread.
     assert most["sending"] == ["dramatiq-unique-periodic"]
