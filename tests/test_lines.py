@@ -596,7 +596,10 @@ def test_a_waiter_whose_entry_cannot_be_read_is_dropped_and_the_holder_runs(redi
     env.worker(threads=1)
     wait_for(lambda: len(runs.ends) == 2, timeout=30)
     env.join(post)
-    assert [payload for payload, _, _ in runs.of("all")] == [0, 1]
+    payloads = [payload for payload, _, _ in runs.of("all")]
+    # A while_executing message waits in no line when it is sent: the broker's order of the two
+    # decides which starts first (Dramatiq 2.0 does not keep equal priorities in send order).
+    assert (sorted(payloads) if lock == "while_executing" else payloads) == [0, 1]
     assert unique_warnings(caplog) == [
         f"The entry of message {message_id!r} among the waiters of lock {key!r} (digest {digest}) cannot be read "
         "(written by another version, or by hand): it was dropped from the line, which goes on with the next."
