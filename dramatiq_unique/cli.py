@@ -302,13 +302,17 @@ def declare_show(subparsers: Subparsers) -> None:
 
 
 def run_show(context: Context, args: argparse.Namespace) -> int:
-    locks = _held(context, args.digest)
+    locks = _held(context, args.digest, or_unreadable=True)
     if args.json:
         context.print_json([lock.as_dict() for lock in locks])
         return RET_OK
     for lock in locks:
         for line in describe_lock(lock):
             context.print(line)
+    for key, reasons in _unreadable(context, args.digest).items():
+        context.print(f"Lock {key!r} holds {count(len(reasons), 'place')} this version cannot read:")
+        for reason in reasons.values():
+            context.print(f"  {reason}")
     return RET_OK
 
 
@@ -621,11 +625,21 @@ def _json_argument(value: str, kind: type, problem: str) -> Any:
     return parsed
 
 
-def _held(context: Context, digest: str, *, message_id: str | None = None) -> list[LockInfo]:
+def _unreadable(context: Context, digest: str) -> dict[str, dict[str, str]]:
+    """The places of the locks of ``digest`` that this version cannot read, by key, as last read."""
+    return {key: places for key, places in context.locks.unreadable.items() if digest_of(key) == digest}
+
+
+def _held(
+    context: Context, digest: str, *, message_id: str | None = None, or_unreadable: bool = False
+) -> list[LockInfo]:
+    """The locks of ``digest``; with ``or_unreadable``, none when it holds only places this version cannot read."""
     try:
         locks = list(context.locks.get(digest))
     except ValueError as e:
         raise CommandError(str(e), RET_USAGE) from None
+    if not locks and or_unreadable and _unreadable(context, digest):
+        return locks
     if not locks:
         hint = "" if len(digest) == 64 else " (a digest has 64 hexadecimal characters)"
         raise CommandError(

@@ -80,6 +80,11 @@ class Locks:
             if problem is not None:
                 raise InvalidLockOptions(f"Locks has an invalid lock prefix {prefix!r}: it {problem}.")
         self.batch = batch
+        #: The places that the last call of :meth:`list`, :meth:`page` or :meth:`get` met and that this
+        #: version cannot read (another version's, a hand edit): by key, by owner, why. Every method
+        #: leaves them out; the first meeting of each logs it at WARNING.
+        self.unreadable: dict[str, dict[str, str]] = {}
+        self._logged: set[tuple[str, str]] = set()
 
     @classmethod
     def from_middleware(
@@ -117,6 +122,7 @@ class Locks:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"Locks.list got limit={limit!r}: it must be an integer >= 1 or None.")
         count, seen = 0, set()
+        self.unreadable = {}
         for step in self._scan(_Position(0, "0")):
             for found in step.locks:
                 # A SCAN may return a key twice.
@@ -168,6 +174,7 @@ class Locks:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Locks.page got {name}={value!r}: it must be an integer >= 1.")
         start, after = self._parse_cursor(cursor)
+        self.unreadable = {}
         found: builtins.list[LockInfo] = []
         seen: set[str] = set()
         resume: _Position | None = start
@@ -204,7 +211,8 @@ class Locks:
                 following = _Position(position.index + 1, "0")
             else:
                 following = None
-            yield _Step(position=position, locks=self._with_lines(_locks_of(records, now)), next=following)
+            locks = _locks_of(self._readable(records), now)
+            yield _Step(position=position, locks=self._with_lines(locks), next=following)
             position = following
 
     def _parse_cursor(self, cursor: str | None) -> tuple[_Position, tuple[str, int] | None]:
@@ -231,6 +239,7 @@ class Locks:
           tuple[LockInfo]: Empty when nobody holds a lock of that digest.
         """
         _check_digest(digest)
+        self.unreadable = {}
         return tuple(lock for prefix in self.prefixes for lock in self._read(prefix, digest)[1])
 
     def explain(self, actor: Actor[Any, Any], *args: Any, **kwargs: Any) -> Explanation:
@@ -313,7 +322,21 @@ class Locks:
     def _read(self, prefix: str, digest: str) -> tuple[int, builtins.list[LockInfo]]:
         """The enqueue and run lock of ``digest`` under ``prefix``, and when they were read."""
         now, records = self.backend.read([enqueue_key(prefix, digest), run_key(prefix, digest)])
-        return now, self._with_lines(_locks_of(records, now))
+        return now, self._with_lines(_locks_of(self._readable(records), now))
+
+    def _readable(self, records: builtins.list[LockRecord]) -> builtins.list[LockRecord]:
+        """``records`` without those this version cannot read, which are kept in :attr:`unreadable`
+        and logged at WARNING the first time."""
+        readable = []
+        for record in records:
+            if record.unreadable is None:
+                readable.append(record)
+                continue
+            self.unreadable.setdefault(record.key, {})[record.owner] = record.unreadable
+            if (record.key, record.owner) not in self._logged:
+                self._logged.add((record.key, record.owner))
+                self.logger.warning("A place in lock %r is left out: %s.", record.key, record.unreadable)
+        return readable
 
     def _with_lines(self, locks: builtins.list[LockInfo]) -> builtins.list[LockInfo]:
         """The locks with the messages that wait in their lines, read in one round trip."""

@@ -37,6 +37,7 @@ import abc
 import bisect
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -76,6 +77,9 @@ LEADER_TTL = 60_000
 #: the reaper decides nothing about lost messages there.
 FORGET_DEAD_WORKERS_AFTER = 300_000
 
+#: A position the reaper saves: a scan cursor.
+_CURSOR = re.compile(r"[0-9]+(:[0-9]+)?")
+
 
 @dataclass
 class ReapReport:
@@ -92,6 +96,7 @@ class ReapReport:
         their lock's line, and a reaper without the application's broker could not enqueue the
         one handed the place.
       forgotten_workers(int): Dead workers removed from the worker registry.
+      unreadable(int): Places this version cannot read (another version's, a hand edit), left as they are.
       complete(bool): Whether the run reached the end of the locks (a full cycle).
       skipped(bool): Whether another reaper was running, so this one did nothing.
       seconds(float): How long the run took.
@@ -104,6 +109,7 @@ class ReapReport:
     enqueued_again: int = 0
     left_for_broker: int = 0
     forgotten_workers: int = 0
+    unreadable: int = 0
     complete: bool = False
     skipped: bool = False
     seconds: float = 0.0
@@ -184,12 +190,13 @@ class Reaper:
             self.logger.info("The orphan reaper is already running elsewhere; this run does nothing.")
             report.skipped = True
             return report
+        unreadable: list[LockRecord] = []
         try:
             locator = locator_for(broker, backend=self.backend, registry=self.registry, logger=self.logger)
             prefixes = self.prefixes
             index, cursor = self._resume(prefixes)
             while True:
-                cursor = self._pass(prefixes[index], cursor, locator, report)
+                cursor = self._pass(prefixes[index], cursor, locator, report, unreadable)
                 if cursor == "0":
                     index += 1
                 if index == len(prefixes):
@@ -212,6 +219,14 @@ class Reaper:
         finally:
             self.backend.release(self.leader_key, owner)
         report.seconds = time.monotonic() - started
+        if unreadable:
+            self.logger.warning(
+                "The orphan reaper left %d lock places it cannot read as they are: %s%s. Remove what is not a "
+                "lock of this version (see Errors in the docs).",
+                len(unreadable),
+                "; ".join(f"in {record.key!r}, {record.unreadable}" for record in unreadable[:3]),
+                f"; and {len(unreadable) - 3} more" if len(unreadable) > 3 else "",
+            )
         self.logger.info(
             "The orphan reaper inspected %d lock places in %d passes and released %d: %d of dead workers, "
             "%d of messages that no longer exist.%s",
@@ -230,14 +245,30 @@ class Reaper:
         saved = self.backend.get_value(self.cursor_key)
         if saved is None:
             return 0, "0"
-        prefix, cursor = json.loads(saved)
+        try:
+            prefix, cursor = json.loads(saved)
+            # A scan cursor: a number, or "<node>:<number>" on a Redis Cluster.
+            if not isinstance(prefix, str) or not isinstance(cursor, str) or not _CURSOR.fullmatch(cursor):
+                raise TypeError
+        except (ValueError, TypeError):
+            # Not written by this version: the run starts over, and writes its own.
+            shown = saved if len(saved) <= 100 else saved[:100] + "…"
+            self.logger.warning(
+                "The orphan reaper starts over from the first lock: where the last run stopped, %r holds %r, "
+                "which is not a position this version writes.",
+                self.cursor_key,
+                shown,
+            )
+            return 0, "0"
         # A prefix that is no longer in use: go on with the next one.
         index = bisect.bisect_left(prefixes, prefix)
         if index == len(prefixes):
             return 0, "0"
         return index, cursor if prefixes[index] == prefix else "0"
 
-    def _pass(self, prefix: str, cursor: str, locator: _Locator | None, report: ReapReport) -> str:
+    def _pass(
+        self, prefix: str, cursor: str, locator: _Locator | None, report: ReapReport, unreadable: list[LockRecord]
+    ) -> str:
         # Workers heartbeat into the registry of each prefix their actors use.
         now, alive_until = self.backend.heartbeats(registry_key(prefix))
         cursor, records = self.backend.scan(prefix, cursor, self.batch)
@@ -245,6 +276,10 @@ class Reaper:
         report.inspected += len(records)
         enqueue_locks = []
         for record in records:
+            if record.unreadable is not None:
+                report.unreadable += 1
+                unreadable.append(record)
+                continue
             if record.expires_at is not None and record.expires_at <= now:
                 # Lapsed (a dead worker's lease): dropped, and its place handed to the lock's line, if
                 # any, by a release that frees nothing else. Without a line, the next operation would.

@@ -197,6 +197,8 @@ class LockRecord:
       token(int): The place's fencing token.
       acquired_at(int): When the place was taken, in ms of the backend's clock.
       holder(dict): The :class:`Holder` fields recorded with the place.
+      unreadable(str): Why the place cannot be read, when it is not one this version wrote (another
+        version's, a hand edit): its other fields are then empty, and readers skip it.
     """
 
     key: str
@@ -206,6 +208,7 @@ class LockRecord:
     token: int
     acquired_at: int
     holder: dict[str, Any]
+    unreadable: str | None = None
 
     @property
     def kind(self) -> str:
@@ -246,16 +249,35 @@ class LockRecord:
 
 def parse_lock(key: str, fields: Mapping[str, str]) -> list[LockRecord]:
     """The places recorded in the fields of the lock at ``key`` (all of its hash, or some of
-    them with its ``names`` field), as :meth:`LockRecord.parse` reads each."""
+    them with its ``names`` field), as :meth:`LockRecord.parse` reads each; a place it cannot
+    read comes as a record that says why (``unreadable``)."""
     names = fields.get(NAMES_FIELD)
     if names is not None and names.count("|") != 1:
         # The record of a holder named "names" that an earlier version wrote over the field.
         names = None
     return [
-        LockRecord.parse(key, owner, record, names)
+        _parse_place(key, owner, record, names)
         for field, record in fields.items()
         if (owner := field_owner(field)) is not None
     ]
+
+
+def _parse_place(key: str, owner: str, record: str, names: str | None) -> LockRecord:
+    try:
+        place = LockRecord.parse(key, owner, record, names)
+        holder = place.holder
+        # The readers take its message id as text: a record of an earlier version is JSON there.
+        readable = isinstance(holder, dict) and isinstance(holder.get("message_id"), str)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        readable = False
+    if readable:
+        return place
+    shown = record if len(record) <= 100 else record[:100] + "…"
+    reason = (
+        f"the place of {owner!r} holds {shown!r}, which is not a record of this version (written by another "
+        "version, or by hand)"
+    )
+    return LockRecord(key, owner, record, None, 0, 0, {}, unreadable=reason)
 
 
 @dataclass(frozen=True)

@@ -510,7 +510,7 @@ class RedisBackend(LockBackend):
             raise _backend_error(e) from e
         records: list[LockRecord] = []
         for key, fields in zip(keys, contents, strict=True):
-            records.extend(parse_lock(key, {_text(field): _text(value) for field, value in fields.items()}))
+            records.extend(parse_lock(key, {_read_text(field): _read_text(value) for field, value in fields.items()}))
         return next_cursor, records
 
     def _scan_cluster(self, cursor: str, pattern: str, count: int) -> tuple[str, list[Any]]:
@@ -695,7 +695,7 @@ class RedisBackend(LockBackend):
         reply = self._call("read", list(keys), [], writes=False)
         locks: dict[str, dict[str, str]] = {}
         for i in range(1, len(reply), 3):
-            locks.setdefault(keys[int(reply[i]) - 1], {})[_text(reply[i + 1])] = _text(reply[i + 2])
+            locks.setdefault(keys[int(reply[i]) - 1], {})[_read_text(reply[i + 1])] = _read_text(reply[i + 2])
         records: list[LockRecord] = []
         for key, fields in locks.items():
             records.extend(parse_lock(key, fields))
@@ -714,7 +714,7 @@ class RedisBackend(LockBackend):
             value = self.client.get(key)
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
-        return None if value is None else _text(value)
+        return None if value is None else _read_text(value)
 
     def set_value(self, key: str, value: str, *, ttl: int) -> None:
         try:
@@ -1102,6 +1102,12 @@ def _server_name(client: Any) -> str:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _read_text(value: Any) -> str:
+    """A value read for a reader, which says what it cannot read: bytes that are no UTF-8 (no
+    script of this version writes them) become replacement characters instead of an error."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def _bytes(value: Any) -> bytes:

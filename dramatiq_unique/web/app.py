@@ -244,6 +244,7 @@ class LocksWebApp:
             first_url=request.url("/", **filters),
             activity=sorted(totals.items()),
             activity_kinds=kinds,
+            unreadable=dict(self.locks.unreadable),
         )
 
     def lock_page(self, request: Request, digest: str) -> Response:
@@ -251,7 +252,8 @@ class LocksWebApp:
             found = self.locks.get(digest)
         except ValueError as e:
             raise HTTPError(404, str(e)) from None
-        if not found:
+        unreadable = dict(self.locks.unreadable)
+        if not found and not unreadable:
             raise HTTPError(404, f"No lock of digest {digest!r} is held: it is free.")
         explanations = []
         if self.middleware is not None:
@@ -267,6 +269,7 @@ class LocksWebApp:
             in_broker=self.locks.in_broker(found, self.broker),
             explanations=explanations,
             explained=self.middleware is not None,
+            unreadable=unreadable,
         )
 
     def workers_page(self, request: Request) -> Response:
