@@ -139,8 +139,8 @@ def kill(cli) -> float:
     def dead() -> bool:
         try:
             return "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
-        except FileNotFoundError:
-            return True  # the dramatiq CLI's main process reaped it
+        except (FileNotFoundError, ProcessLookupError):
+            return True  # the dramatiq CLI's main process reaped it (maybe as its stat was read)
 
     wait_for(dead)
     return time.monotonic()
