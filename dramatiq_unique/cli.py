@@ -638,8 +638,16 @@ def _held(
         locks = list(context.locks.get(digest))
     except ValueError as e:
         raise CommandError(str(e), RET_USAGE) from None
-    if not locks and or_unreadable and _unreadable(context, digest):
-        return locks
+    unreadable = _unreadable(context, digest)
+    if not locks and unreadable:
+        if or_unreadable:
+            return locks
+        reasons = "; ".join(f"in {key!r}, {reason}" for key, places in unreadable.items() for reason in places.values())
+        raise CommandError(
+            f"The locks of digest {digest!r} hold only places this version cannot read: {reasons}. Remove them by "
+            "hand (see Errors in the docs).",
+            RET_NOT_FOUND,
+        )
     if not locks:
         hint = "" if len(digest) == 64 else " (a digest has 64 hexadecimal characters)"
         raise CommandError(

@@ -84,8 +84,9 @@ class Liveness:
         this process's hands, or ``None`` for nothing; given a time of the backend's clock
         that is not yet past.
       on_cut_off(collections.abc.Callable): Called with ``True`` when no heartbeat has been
-        answered for a whole lease period, and with ``False`` when one is answered again; and
-        with the milliseconds since the last heartbeat that was answered.
+        answered for a whole lease period, or since the process registered, and with ``False``
+        when one is answered again; and with the milliseconds since the last heartbeat that was
+        answered (``None``: none since it registered).
     """
 
     def __init__(
@@ -99,7 +100,7 @@ class Liveness:
         events: Events,
         running: Callable[[], bool],
         in_hand: Callable[[int], MessagesInHand | None] = lambda taken_at: None,
-        on_cut_off: Callable[[bool, int], None] = lambda cut_off, since: None,
+        on_cut_off: Callable[[bool, int | None], None] = lambda cut_off, since: None,
     ):
         self.backend = backend
         self.events = events
@@ -123,7 +124,7 @@ class Liveness:
         self._synced: tuple[int, float, float] | None = None
         #: Heartbeats that failed in a row.
         self._failed_heartbeats = 0
-        #: When a heartbeat was last answered, or the first one sent (our monotonic clock, s).
+        #: When a heartbeat was last answered (our monotonic clock, s); ``None`` before the first.
         self._answered_at: float | None = None
         #: Whether no heartbeat has been answered for a whole lease period: the run locks of this
         #: process have lapsed, and what it publishes of its messages is out of date.
@@ -183,7 +184,8 @@ class Liveness:
         """The first heartbeat of a worker process, before it takes any message,
         and the departure from the registries of processes that died long ago."""
         # The periodic thread's first round is measured from here: it may already be late.
-        self._last_round = self._renewed_at = self._answered_at = time.monotonic()
+        self._last_round = self._renewed_at = time.monotonic()
+        self._answered_at = None
         now = self._beat()
         if now is None:
             return
@@ -365,9 +367,10 @@ class Liveness:
             error,
             self.heartbeat_interval,
         )
+        # A worker that boots without its store takes no message it cannot lock either.
         answered_at = self._answered_at
-        since = 0 if answered_at is None else int((time.monotonic() - answered_at) * 1000)
-        if not self.cut_off and answered_at is not None and since >= self.lease_period:
+        since = None if answered_at is None else int((time.monotonic() - answered_at) * 1000)
+        if not self.cut_off and (since is None or since >= self.lease_period):
             self.cut_off = True
             self._on_cut_off(True, since)
 
@@ -378,9 +381,9 @@ class Liveness:
                 "Worker %r sends its heartbeat again, after %d that failed.", self.worker_id, self._failed_heartbeats
             )
             self._failed_heartbeats = 0
-        if self.cut_off and answered_at is not None:
+        if self.cut_off:
             self.cut_off = False
-            self._on_cut_off(False, int((self._answered_at - answered_at) * 1000))
+            self._on_cut_off(False, None if answered_at is None else int((self._answered_at - answered_at) * 1000))
 
     def _refusing(self) -> bool:
         """Whether the store refuses new places as this worker boots: a process found that it lost

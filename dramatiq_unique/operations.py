@@ -304,8 +304,17 @@ class Locks:
         Parameters:
           queue(str): The actor's canonical queue; ``None`` to take it from the oldest holder.
         """
+        self.unreadable = {}
         now, locks = self._read(config.lock_prefix, digest)
         held = {lock.kind: lock for lock in locks}
+        on_send = _on_send(config, held.get(ENQUEUE), now)
+        on_start = _on_start(config, held.get(RUN), now) if config.lock.takes_run_lock else None
+        # A lock holding a place this version cannot read takes no new place: the step fails.
+        enqueue, run = enqueue_key(config.lock_prefix, digest), run_key(config.lock_prefix, digest)
+        if enqueue in self.unreadable and config.lock.locks_at_enqueue:
+            on_send = _unreadable_fails("send", enqueue, self.unreadable[enqueue])
+        if run in self.unreadable and on_start is not None:
+            on_start = _unreadable_fails("start", run, self.unreadable[run])
         return Explanation(
             actor=actor,
             queue=queue if queue is not None else (locks[0].queue if locks else ""),
@@ -315,8 +324,8 @@ class Locks:
             prefix=config.lock_prefix,
             lock_limit=config.lock_limit,
             locks=tuple(locks),
-            on_send=_on_send(config, held.get(ENQUEUE), now),
-            on_start=_on_start(config, held.get(RUN), now) if config.lock.takes_run_lock else None,
+            on_send=on_send,
+            on_start=on_start,
         )
 
     def _read(self, prefix: str, digest: str) -> tuple[int, builtins.list[LockInfo]]:
@@ -513,6 +522,13 @@ def _locks_of(records: Iterable[LockRecord], now: int) -> list[LockInfo]:
         holders = tuple(HolderInfo.from_record(r) for r in sorted(places, key=lambda r: r.token))
         locks.append(LockInfo(digest=digest, kind=places[0].kind, prefix=prefix, key=key, holders=holders, read_at=now))
     return sorted(locks, key=lambda lock: (lock.prefix, lock.digest, lock.kind != ENQUEUE))
+
+
+def _unreadable_fails(step: str, key: str, places: dict[str, str]) -> str:
+    return (
+        f"A new {step} would fail with LockBackendError: in lock {key!r}, {next(iter(places.values()))}, and no "
+        "place is taken beside what cannot be read. Remove it (see Errors in the docs)."
+    )
 
 
 def _free_place(kind: str, lock: LockInfo | None, limit: int, subject: str) -> str | None:

@@ -123,7 +123,7 @@ class Runtime:
         #: The messages in this process's hands, published with each heartbeat where the broker
         #: cannot be asked for a message by its id.
         self.in_hand = InHand(interval=heartbeat_interval)
-        self.cut_off = CutOff(holds_back=holds_back_when_cut_off, workers=self._booted_workers, logger=logger)
+        self.cut_off = CutOff(holds_back=holds_back_when_cut_off, logger=logger)
         self.liveness = Liveness(
             periodic_backend,
             prefix=prefix,
@@ -190,10 +190,6 @@ class Runtime:
         return self._serving and periodic is not None and periodic[0].is_alive()
 
     # Workers ---------------------------------------------------------------------
-
-    def _booted_workers(self) -> list[object]:
-        with self._mutex:
-            return list(self._workers.values())
 
     def worker_booted(self, worker: object, *, publish_in_hand: bool = False) -> None:
         """Start a worker's background work, if ``worker`` is the first Worker of
@@ -480,7 +476,6 @@ class Runtime:
         self._hub = None
         self.liveness.reset_after_fork()
         self.in_hand.reset_after_fork()
-        self.cut_off.reset_after_fork()
         if self.releases is not None:
             self.releases.reset_after_fork()
         if self.activity is not None:

@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import logging
 
+import dramatiq
 import pytest
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import TimeLimit
 
-from dramatiq_unique import Locks, RedisBackend
+from dramatiq_unique import LockBackendError, Locks, RedisBackend, UniqueJobs
 from dramatiq_unique.backends import Holder
-from dramatiq_unique.keys import enqueue_key, reaper_cursor_key
+from dramatiq_unique.cli import RET_NOT_FOUND
+from dramatiq_unique.keys import enqueue_key, line_key, reaper_cursor_key
 from dramatiq_unique.reaper import Reaper
 from dramatiq_unique.web import make_wsgi_app
 
@@ -138,3 +141,37 @@ def test_the_web_page_shows_the_locks_and_says_what_it_cannot_read(redis_client,
         assert answer.status == 200
         assert "readable" in answer.text
         assert "Places this version cannot read are left out" in answer.text and key in answer.text
+
+
+@pytest.mark.parametrize("line", ["bytes", "another type"])
+def test_locks_are_listed_past_a_line_this_version_did_not_write(redis_client, line):
+    # Issue 32 (1): a waiter id of bytes that are no UTF-8 in one lock's line, or a line key of
+    # another type, made every listing, explain and unlock raise.
+    key = plant_foreign(redis_client, FOREIGN, "junk")
+    if line == "bytes":
+        redis_client.rpush(line_key(key), b"\xff\xfe")
+    else:
+        redis_client.set(line_key(key), "not a line")
+    locks = Locks(RedisBackend(client=redis_client))
+    (listed,) = locks.list()
+    assert [h.message_id for h in listed.holders] == ["readable"]
+    assert listed.waiting == (("\ufffd\ufffd",) if line == "bytes" else ())
+    assert len(locks.get(FOREIGN)) == 1
+
+
+def test_explain_and_unlock_say_a_lock_holds_only_a_place_they_cannot_read(redis_client, redis_url):
+    # Issue 32 (1): explain called such a lock free, while every send of its job failed.
+    broker = RedisBroker(client=redis_client)
+    unique = UniqueJobs(backend=RedisBackend(client=redis_client))
+    broker.add_middleware(unique, before=TimeLimit)
+    report = dramatiq.actor(lambda day: None, actor_name="report", broker=broker, lock="until_executed")
+    locks = Locks.from_middleware(unique)
+    digest = locks.explain(report, "2026-12-04").digest
+    key = plant_foreign(redis_client, digest, "junk", with_holder=False)
+    explained = locks.explain(report, "2026-12-04")
+    assert explained.on_send.startswith(f"A new send would fail with LockBackendError: in lock {key!r}, the place of")
+    with pytest.raises(LockBackendError):
+        report.send("2026-12-04")
+    unlocked = cli("--url", redis_url, "unlock", digest, "--yes")
+    assert unlocked.returncode == RET_NOT_FOUND
+    assert f"The locks of digest {digest!r} hold only places this version cannot read: in {key!r}" in unlocked.stderr

@@ -649,10 +649,18 @@ class RedisBackend(LockBackend):
             pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call, unused-ignore]
             for key in keys:
                 pipe.lrange(line_key(key), 0, -1)
-            answers = pipe.execute()
+            # A line key of another type (not written by this version) answers for itself alone.
+            answers = pipe.execute(raise_on_error=False)
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
-        return {key: tuple(map(_text, ids)) for key, ids in zip(keys, answers, strict=True) if ids}
+        for answer in answers:
+            if isinstance(answer, _REDIS_ERRORS) and not isinstance(answer, redis.ResponseError):
+                raise _backend_error(answer) from answer
+        return {
+            key: tuple(map(_read_text, ids))
+            for key, ids in zip(keys, answers, strict=True)
+            if ids and not isinstance(ids, Exception)
+        }
 
     def _hand_over(self, handed: Sequence[Any], dropped: Sequence[Any]) -> None:
         """Report the waiters a script ``dropped``, then pass the messages it ``handed`` a place on."""
