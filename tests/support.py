@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -88,6 +89,9 @@ class Env:
                     for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
                         self.broker.channel.queue_delete(name)
             self.broker.close()
+
+    #: ``with env.running():`` for a test that builds its Env itself, as a fixture runs ``run()``.
+    running = contextlib.contextmanager(run)
 
     def actor(self, fn: Callable | None = None, **options: Any):
         """Declare an actor on this broker, with fast retries unless told otherwise."""

@@ -91,9 +91,7 @@ def test_a_worker_process_cut_off_from_the_lock_store_runs_no_job_with_a_lock_un
         processes, tmp_path, redis_url, redis_client, script=WORKER_SCRIPT, module="jobs", STORE_URL=proxy.url
     )
     log = Path(worker.log.name)
-    sender = RedisBroker(client=redis_client)
-    sender.add_middleware(UniqueJobs(backend=RedisBackend(client=redis_client)), before=TimeLimit)
-    job, plain = declare(sender)
+    job, plain = declare(_sender(redis_client))
     job.send(1)
     wait_for(lambda: runs(redis_client) == ["job 1"])
 
@@ -172,15 +170,8 @@ def test_a_worker_that_boots_without_its_lock_store_runs_no_job_with_a_lock_unti
     broker = RedisBroker(client=redis_client)
     broker.emit_after("process_boot")
     backend = RedisBackend(url=proxy.url, socket_timeout=1)
-    env = Env(
-        "redis",
-        broker,
-        backend,
-        UniqueJobs(backend=backend, lease_period=60_000, heartbeat_interval=HEARTBEAT),
-    )
-    runs = env.run()
-    next(runs)
-    try:
+    unique = UniqueJobs(backend=backend, lease_period=60_000, heartbeat_interval=HEARTBEAT)
+    with Env("redis", broker, backend, unique).running() as env:
         ran: list[int] = []
         env.actor(lambda n: ran.append(n), actor_name="job", queue_name="jobs", **JOB_OPTIONS)
         proxy.cut()
@@ -195,8 +186,6 @@ def test_a_worker_that_boots_without_its_lock_store_runs_no_job_with_a_lock_unti
         proxy.restore()
         wait_for(lambda: ran == [1], timeout=20)
         assert "reaches the lock store: it runs messages with locks again." in caplog.text
-    finally:
-        next(runs, None)
 
 
 def _sender(redis_client) -> RedisBroker:

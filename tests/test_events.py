@@ -544,10 +544,7 @@ def test_the_last_counts_that_a_lock_store_refuses_are_reported_once_at_warning(
     broker = StubBroker()
     backend = RedisBackend(client=server.client())
     unique = UniqueJobs(backend=backend, lease_period=12_000, heartbeat_interval=4_000)
-    env = Env("stub", broker, backend, unique)
-    runs = env.run()
-    next(runs)
-    try:
+    with Env("stub", broker, backend, unique).running() as env:
 
         @env.actor(lock="until_executed")
         def settle(event_id):
@@ -558,8 +555,6 @@ def test_the_last_counts_that_a_lock_store_refuses_are_reported_once_at_warning(
         server.stop()
         with caplog.at_level(logging.INFO, logger="dramatiq_unique"):
             unique.activity.close()
-    finally:
-        next(runs, None)
     lines = [r.getMessage() for r in caplog.records if "activity counts" in r.getMessage()]
     assert len(lines) == 1, lines
     assert lines[0].startswith(

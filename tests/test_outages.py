@@ -9,6 +9,7 @@ the server saves with its data.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import subprocess
@@ -195,17 +196,15 @@ def test_a_release_that_fails_during_an_outage_is_retried_after_the_restart(outa
     assert gate.runs == ["evt_1", "evt_1"]
 
 
-def test_a_run_lock_whose_release_fails_is_released_by_the_heartbeat_once_the_store_answers(server, caplog):
-    # Issue 32 (8): the failed release of a run lock logged "This worker tries again", yet nothing
-    # tried it again: the lock stayed held until its lease ran out, up to lease_period after the
-    # message ended, and the next copy of a while_executing job met it all that time.
+@contextlib.contextmanager
+def failing_run_lock_release(server, caplog, *, lease_period: int, level: int):
+    """A worker whose lock store stops while a while_executing job runs: the release of the job's
+    run lock fails. Yields the Env, the actor, its Gate and the Worker, caplog at ``level``."""
     broker = StubBroker()
     broker.emit_after("process_boot")
     backend = RedisBackend(client=server.client())
-    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=60_000, heartbeat_interval=100))
-    runs = env.run()
-    next(runs)
-    try:
+    unique = UniqueJobs(backend=backend, lease_period=lease_period, heartbeat_interval=100)
+    with Env("stub", broker, backend, unique).running() as env:
         gate = Gate()
 
         @env.actor(lock="while_executing")
@@ -213,140 +212,56 @@ def test_a_run_lock_whose_release_fails_is_released_by_the_heartbeat_once_the_st
             gate.enter(account_id)
 
         sync.send("acct_1")
-        env.worker(threads=1)
+        worker = env.worker(threads=1)
         wait_for(lambda: gate.runs == ["acct_1"])
         server.stop()  # the run lock is saved with the data
-        with caplog.at_level(logging.INFO):
+        with caplog.at_level(level):
             gate.open()
             wait_for(lambda: any("could not be released" in line for line in unique_warnings(caplog)))
-            [line] = [line for line in unique_warnings(caplog) if "could not be released" in line]
-            assert line.endswith(
-                "This worker tries again at each heartbeat until the lock backend answers; no longer renewed, "
-                "the lock's lease frees it within lease_period (60000 ms) anyway."
-            ), line
-            server.start()
-            wait_for(lambda: any("was released on a later attempt" in r.getMessage() for r in caplog.records))
+            yield env, sync, gate, worker
+
+
+def test_a_run_lock_whose_release_fails_is_released_by_the_heartbeat_once_the_store_answers(server, caplog):
+    # Issue 32 (8): the failed release of a run lock logged "This worker tries again", yet nothing
+    # tried it again: the lock stayed held until its lease ran out, up to lease_period after the
+    # message ended, and the next copy of a while_executing job met it all that time.
+    with failing_run_lock_release(server, caplog, lease_period=60_000, level=logging.INFO) as (env, sync, gate, _):
+        [line] = [line for line in unique_warnings(caplog) if "could not be released" in line]
+        assert line.endswith(
+            "This worker tries again at each heartbeat until the lock backend answers; no longer renewed, "
+            "the lock's lease frees it within lease_period (60000 ms) anyway."
+        ), line
+        server.start()
+        wait_for(lambda: any("was released on a later attempt" in r.getMessage() for r in caplog.records))
         sync.send("acct_1")
         env.join(sync)
         assert gate.runs == ["acct_1", "acct_1"]
-    finally:
-        next(runs, None)
 
 
 def test_the_failed_release_of_a_run_lock_is_not_tried_again_once_its_lease_ran_out(server, caplog):
     # Issue 32 (8): the heartbeat tries a run lock's failed release again only while its lease
     # lasts; after that, the place has freed itself, and a release sent then would say "released
     # on a later attempt" of a lock that lapsed.
-    broker = StubBroker()
-    broker.emit_after("process_boot")
-    backend = RedisBackend(client=server.client())
     lease = 1000
-    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=lease, heartbeat_interval=100))
-    runs = env.run()
-    next(runs)
-    try:
-        gate = Gate()
-
-        @env.actor(lock="while_executing")
-        def sync(account_id):
-            gate.enter(account_id)
-
-        sync.send("acct_1")
-        worker = env.worker(threads=1)
-        wait_for(lambda: gate.runs == ["acct_1"])
-        server.stop()
-        with caplog.at_level(logging.INFO):
-            gate.open()
-            wait_for(lambda: any("could not be released" in line for line in unique_warnings(caplog)))
-            time.sleep(2 * lease / 1000)  # the lease, no longer renewed, runs out during the outage
-            server.start()
-            worker.stop()  # its last work tries the failed releases once more
+    with failing_run_lock_release(server, caplog, lease_period=lease, level=logging.INFO) as (env, sync, gate, worker):
+        time.sleep(2 * lease / 1000)  # the lease, no longer renewed, runs out during the outage
+        server.start()
+        worker.stop()  # its last work tries the failed releases once more
         assert not [r.getMessage() for r in caplog.records if "later attempt" in r.getMessage()]
         assert not [line for line in unique_warnings(caplog) if "before this worker stopped" in line]
         env.worker(threads=1)
         sync.send("acct_1")
         env.join(sync)
         assert gate.runs == ["acct_1", "acct_1"]
-    finally:
-        next(runs, None)
 
 
 def test_a_worker_that_stops_before_the_failed_release_of_a_run_lock_worked_says_its_lease_frees_it(server, caplog):
     # Issue 32 (8): the run lock's failed release, now tried again, is still failing when the
     # worker stops: what frees it is its lease, not the orphan reaper or a lock_ttl it may not have.
-    broker = StubBroker()
-    broker.emit_after("process_boot")
-    backend = RedisBackend(client=server.client())
-    env = Env("stub", broker, backend, UniqueJobs(backend=backend, lease_period=60_000, heartbeat_interval=100))
-    runs = env.run()
-    next(runs)
-    try:
-        gate = Gate()
-
-        @env.actor(lock="while_executing")
-        def sync(account_id):
-            gate.enter(account_id)
-
-        sync.send("acct_1")
-        worker = env.worker(threads=1)
-        wait_for(lambda: gate.runs == ["acct_1"])
-        server.stop()
-        with caplog.at_level(logging.WARNING):
-            gate.open()
-            wait_for(lambda: any("could not be released" in line for line in unique_warnings(caplog)))
-            worker.stop()
-        [line] = [line for line in unique_warnings(caplog) if "before this worker stopped" in line]
-        assert line.endswith("its lease, no longer renewed, frees it within lease_period (60000 ms)."), line
-    finally:
-        server.start()
-        next(runs, None)
-
-
-@pytest.mark.parametrize("outage_env", ["raise"], indirect=True)
-def test_a_rescheduled_message_that_comes_due_during_an_outage_tries_again_later(outage_env, server, caplog):
-    # L6: the move out of the delay queue used to raise LockBackendError in the consumer thread:
-    # the consumer crashed and the message never ran. It tries its lock again later instead.
-    env = outage_env
-    gate = Gate()
-
-    @env.actor(lock="until_executed", on_conflict="reschedule", reschedule_delay=300)
-    def settle(event_id):
-        gate.enter(event_id)
-
-    settle.send("evt_1")
-    assert enqueue_outcome(settle.send("evt_1")).status == "rescheduled"
-    env.worker(threads=2)
-    wait_for(lambda: gate.runs == ["evt_1"])
-    with caplog.at_level(logging.WARNING):
-        server.stop()
-        wait_for(lambda: any("it tries again in 300 ms" in line for line in unique_warnings(caplog)))
-        server.start()
-        gate.open()
-        env.join(settle)
-    assert gate.runs == ["evt_1", "evt_1"]
-    assert gate.max_running["evt_1"] == 1
-    assert not any("Consumer encountered" in r.getMessage() for r in caplog.records)
-
-
-@pytest.mark.parametrize("outage_env", ["raise"], indirect=True)
-def test_a_message_that_starts_during_an_outage_logs_no_traceback_per_attempt(outage_env, server, caplog):
-    # S6 / issue 9 item 5: the LockBackendError raised at start is no Retry, so Dramatiq's
-    # worker logs "Failed to process message ... with unhandled exception" at ERROR with a full
-    # traceback on every attempt of every message for as long as the outage lasts.
-    env = outage_env
-
-    @env.actor(lock="while_executing", max_retries=1000)
-    def sync(key):
-        pass
-
-    env.worker(threads=1)
-    server.stop()
-    with caplog.at_level(logging.INFO):
-        sync.send("acct_1")
-        wait_for(lambda: len([r for r in caplog.records if "Retrying message" in r.getMessage()]) >= 3)
-        server.start()
-        env.join(sync)
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info]
+    with failing_run_lock_release(server, caplog, lease_period=60_000, level=logging.WARNING) as (_, _, _, worker):
+        worker.stop()
+    [line] = [line for line in unique_warnings(caplog) if "before this worker stopped" in line]
+    assert line.endswith("its lease, no longer renewed, frees it within lease_period (60000 ms)."), line
 
 
 def test_an_outage_logs_the_failed_heartbeat_once(outage_env, server, caplog):
