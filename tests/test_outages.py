@@ -264,6 +264,53 @@ def test_a_worker_that_stops_before_the_failed_release_of_a_run_lock_worked_says
     assert line.endswith("its lease, no longer renewed, frees it within lease_period (60000 ms)."), line
 
 
+@pytest.mark.parametrize("outage_env", ["raise"], indirect=True)
+def test_a_rescheduled_message_that_comes_due_during_an_outage_tries_again_later(outage_env, server, caplog):
+    # L6: the move out of the delay queue used to raise LockBackendError in the consumer thread:
+    # the consumer crashed and the message never ran. It tries its lock again later instead.
+    env = outage_env
+    gate = Gate()
+
+    @env.actor(lock="until_executed", on_conflict="reschedule", reschedule_delay=300)
+    def settle(event_id):
+        gate.enter(event_id)
+
+    settle.send("evt_1")
+    assert enqueue_outcome(settle.send("evt_1")).status == "rescheduled"
+    env.worker(threads=2)
+    wait_for(lambda: gate.runs == ["evt_1"])
+    with caplog.at_level(logging.WARNING):
+        server.stop()
+        wait_for(lambda: any("it tries again in 300 ms" in line for line in unique_warnings(caplog)))
+        server.start()
+        gate.open()
+        env.join(settle)
+    assert gate.runs == ["evt_1", "evt_1"]
+    assert gate.max_running["evt_1"] == 1
+    assert not any("Consumer encountered" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("outage_env", ["raise"], indirect=True)
+def test_a_message_that_starts_during_an_outage_logs_no_traceback_per_attempt(outage_env, server, caplog):
+    # S6 / issue 9 item 5: the LockBackendError raised at start is no Retry, so Dramatiq's
+    # worker logs "Failed to process message ... with unhandled exception" at ERROR with a full
+    # traceback on every attempt of every message for as long as the outage lasts.
+    env = outage_env
+
+    @env.actor(lock="while_executing", max_retries=1000)
+    def sync(key):
+        pass
+
+    env.worker(threads=1)
+    server.stop()
+    with caplog.at_level(logging.INFO):
+        sync.send("acct_1")
+        wait_for(lambda: len([r for r in caplog.records if "Retrying message" in r.getMessage()]) >= 3)
+        server.start()
+        env.join(sync)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info]
+
+
 def test_an_outage_logs_the_failed_heartbeat_once(outage_env, server, caplog):
     # One line per event: a worker whose heartbeats fail for the whole outage says so once (and
     # once more when they go through again), not every heartbeat_interval of the outage.
