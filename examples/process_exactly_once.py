@@ -58,9 +58,10 @@ def say(line):
 
 def call_the_payment_provider(event_id, payload):
     lock = current_lock()
-    same = "the same" if lock.token == tokens[lock.message_id] else "ANOTHER"
-    delivery = payload["delivery"]
-    say(f"  settling {event_id} (delivery {delivery}), holding {same} lock token")
+    with story:  # the send may not have noted its token yet
+        same = "the same" if lock.token == tokens[lock.message_id] else "ANOTHER"
+        delivery = payload["delivery"]
+        say(f"  settling {event_id} (delivery {delivery}), holding {same} lock token")
     running.set()
     may_finish.wait(10)  # stands for the call to the payment provider
 
