@@ -14,6 +14,7 @@ from .errors import (
     LockBackendRetry,
     LockConflict,
     LockStoreHealing,
+    NewerLockFormat,
     NoLockHeld,
     UniqueError,
 )
@@ -24,8 +25,10 @@ from .operations import Locks
 from .outcome import EnqueueOutcome, enqueue_outcome, record_outcome
 from .reaper import ReapReport, reap_orphans
 from .strategies import ConflictStrategy, register_strategy
+from .version import __version__
 
 __all__ = [
+    "__version__",
     # Middleware
     "UniqueJobs",
     # Backends
@@ -67,9 +70,8 @@ __all__ = [
     "DuplicateMessage",
     "LockConflict",
     "LockStoreHealing",
+    "NewerLockFormat",
     "LineNeedsBroker",
     "NoLockHeld",
     "EnqueueCancelled",
 ]
-
-__version__ = "0.2.0.dev0"

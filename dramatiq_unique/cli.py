@@ -24,7 +24,6 @@ from urllib.parse import unquote
 import dramatiq
 from dramatiq import Actor, Broker
 
-from . import __version__
 from .activity import read_activity
 from .backends import LockBackend, RedisBackend
 from .default_backend import URL_VARIABLE
@@ -36,6 +35,7 @@ from .operations import Locks, unique_jobs_of
 from .options import DEFAULT_LOCK_PREFIX, prefix_problem
 from .presentation import count, describe_lock, lock_table, places, prefixes_phrase, table
 from .reaper import DEFAULT_BATCH, reap_orphans
+from .version import __version__
 
 #: The exit codes.
 RET_OK = 0  # Done.

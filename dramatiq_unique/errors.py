@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from dramatiq import Retry
 from dramatiq.middleware import MiddlewareError
 
+from .version import RECORD_FORMAT
+
 if TYPE_CHECKING:
     from dramatiq import Message
     from dramatiq.broker import MessageProxy
@@ -51,6 +53,28 @@ class LockStoreHealing(LockBackendError):
             "The lock store lost its data and heals: it takes no new lock until the workers have taken again the "
             "locks of the messages they know of (see Deploying the lock store in the docs)."
         )
+
+
+class NewerLockFormat(LockBackendError):
+    """Raised when the lock store holds locks in a record format newer than this version's: a
+    newer dramatiq-unique wrote them, and this process takes no lock beside them. The
+    ``on_backend_error`` policy decides what a caller sees, as in an outage. See
+    :doc:`Upgrading </upgrading>`.
+
+    Parameters:
+      prefix(str): The lock prefix whose format marker says so.
+      marker(str): The marker as found: the format and the version that wrote it.
+    """
+
+    def __init__(self, prefix: str, marker: str) -> None:
+        format_number, _, writer = marker.partition(" ")
+        super().__init__(
+            f"The locks under prefix {prefix!r} are in record format {format_number!r}, written by "
+            f"dramatiq-unique {writer or 'of an unknown version'}; this version writes format {RECORD_FORMAT} and "
+            "takes no lock beside them. Upgrade dramatiq-unique in this process (see Upgrading in the docs)."
+        )
+        self.prefix = prefix
+        self.marker = marker
 
 
 class LockBackendRetry(LockBackendError, Retry):

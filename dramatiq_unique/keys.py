@@ -78,6 +78,19 @@ def refusal_key(prefix: str, tag: str | None = None) -> str:
     return f"{prefix}:refusing" if tag is None else f"{prefix}:refusing:{{{tag}}}"
 
 
+def fence_key(prefix: str, tag: str | None = None) -> str:
+    """The key of the last fencing token issued to the locks under ``prefix`` in one hash slot
+    (on a Redis Cluster, the slot that ``tag`` places it in, beside the locks it serves)."""
+    return f"{prefix}:fence" if tag is None else f"{prefix}:fence:{{{tag}}}"
+
+
+def format_key(prefix: str, tag: str | None = None) -> str:
+    """The key of the format of the lock records under ``prefix``: a process that finds a newer
+    one there takes no place. On a Redis Cluster there is one per hash slot, as for
+    :func:`fence_key`."""
+    return f"{prefix}:format" if tag is None else f"{prefix}:format:{{{tag}}}"
+
+
 def activity_key(prefix: str, minute: int) -> str:
     """The key of the lock activity counts of ``minute`` (minutes since the epoch)."""
     return f"{prefix}:activity:{{activity}}:{minute}"

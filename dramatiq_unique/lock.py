@@ -512,10 +512,11 @@ class MessageLock:
                 self.emit(RELEASED, lock_kind=RUN)
 
     def _claim(self, *, release: bool) -> str:
+        replaces = self.config.client_strategy.replaces_queued_holders
         answer = self.backend.claim(
             self.enqueue_key,
             self.message_id,
-            replaced_key=self.replaced_key,
+            replaced_key=self.replaced_key if replaces else None,
             release=release,
             holder=self._running_holder(enqueue_lock=True),
             starting=self.copy,

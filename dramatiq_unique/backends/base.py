@@ -15,6 +15,7 @@ import base64
 import binascii
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,33 +32,25 @@ _LOCKS = {code: name for name, code in _LOCK_CODES.items()}
 
 _logger = logging.getLogger(__name__)
 
-#: The fields of a lock's hash that are the lock's own, not a holder's: the last fencing token
-#: issued, and the actor and queue that its holders leave out of their records.
-FENCE_FIELD = "fence"
-NAMES_FIELD = "names"
-#: What goes in front of an owner named like one of the lock's own fields (see :func:`holder_field`).
-_ESCAPE = "@"
+#: The lock code of a holder of one of the library's own locks (the reaper's, the healing's),
+#: which are no lock type.
+_OWN_LOCK = "o"
+
+#: What a record escapes in the values it holds: its separators, and the escape itself.
+_ESCAPES = {"%": "%25", "|": "%7C", "\n": "%0A"}
+_ESCAPED = re.compile("[%|\n]")
+_ESCAPE_CODE = re.compile("%([0-9A-Fa-f]{2})")
 
 
-def _lock_field_name(name: str) -> bool:
-    """Whether ``name``, less the ``@`` in front of it, is the name of one of a lock's own fields."""
-    return name.lstrip(_ESCAPE) in (FENCE_FIELD, NAMES_FIELD)
+def escape(text: str) -> str:
+    """``text`` as a lock's record holds it: ``%``, ``|`` and newlines written ``%25``, ``%7C``
+    and ``%0A``, so that no value ends a field or a record."""
+    return _ESCAPED.sub(lambda m: _ESCAPES[m.group()], text) if _ESCAPED.search(text) else text
 
 
-def holder_field(owner: str) -> str:
-    """The field of a lock's hash that records ``owner``'s place: the owner itself, except that
-    an owner named like one of the lock's own fields, with any number of ``@`` in front, takes one
-    ``@`` more. No holder's field is ever one of the lock's own, and an owner of another name is
-    recorded as earlier versions recorded it."""
-    return _ESCAPE + owner if _lock_field_name(owner) else owner
-
-
-def field_owner(field: str) -> str | None:
-    """The owner whose place a field of a lock's hash records (see :func:`holder_field`);
-    ``None`` for the lock's own fields."""
-    if field in (FENCE_FIELD, NAMES_FIELD):
-        return None
-    return field[1:] if field.startswith(_ESCAPE) and _lock_field_name(field) else field
+def unescape(text: str) -> str:
+    """The value that :func:`escape` wrote as ``text``."""
+    return _ESCAPE_CODE.sub(lambda m: chr(int(m.group(1), 16)), text) if "%" in text else text
 
 
 @dataclass(frozen=True)
@@ -106,41 +99,37 @@ class Holder:
         return json.dumps(fields, separators=(",", ":"))
 
     def encode(self, owner: str) -> str:
-        """The holder as the backends record it for ``owner``: in a compact form of a few dozen
-        bytes (see :doc:`How the Redis backend stores locks </backend-internals>`), or as
-        :meth:`to_json` when a value has no compact form."""
-        # Every held lock pays for these bytes: Redis keeps a hash whose values are all
-        # short in its compact encoding, a third of the memory.
-        state, lock = _STATE_CODES.get(self.state), _LOCK_CODES.get(self.lock)
-        worker_id, redis_message_id = self.worker_id or "", self.redis_message_id or ""
-        # RedisBroker's ids are UUIDs: 22 characters instead of 36. Another id of 22 would read as one.
+        """The holder as the backends record it for ``owner``: a few dozen bytes (see
+        :doc:`How the Redis backend stores locks </backend-internals>`)."""
+        # Every held lock pays for these bytes.
+        lock = _LOCK_CODES.get(self.lock, _OWN_LOCK)
+        # RedisBroker's ids are UUIDs: 22 characters instead of 36. Another id that would read
+        # as one has its first character escaped.
+        redis_message_id = self.redis_message_id or ""
         short_id = _short_uuid(redis_message_id) if redis_message_id else None
-        if (
-            state is None
-            or lock is None
-            or not (self.message_id and self.actor and self.queue)
-            or "|" in f"{self.actor}{self.queue}{worker_id}{redis_message_id}"
-            or (short_id is None and len(redis_message_id) == _SHORT_UUID)
-        ):
-            return self.to_json()
-        redis_message_id = short_id or redis_message_id
-        flags = f"{state}{lock}+" if self.replaceable else f"{state}{lock}"
-        # Left out when it is the field's name, as readers of earlier versions take the field for the owner.
-        message_id = "" if self.message_id == holder_field(owner) == owner else self.message_id
-        return f"{flags}|{worker_id}|{redis_message_id}|{self.actor}|{self.queue}|{message_id}"
+        if short_id is not None:
+            redis_message_id = short_id
+        elif _SHORT_UUID_TEXT.fullmatch(redis_message_id):
+            redis_message_id = f"%{ord(redis_message_id[0]):02X}{redis_message_id[1:]}"
+        else:
+            redis_message_id = escape(redis_message_id)
+        flags = f"{_STATE_CODES[self.state]}{lock}{'+' if self.replaceable else ''}"
+        # Left out when it is the owner, as it is for every enqueue lock.
+        message_id = "" if self.message_id == owner else escape(self.message_id)
+        worker_id, actor, queue = escape(self.worker_id or ""), escape(self.actor), escape(self.queue)
+        return f"{flags}|{worker_id}|{redis_message_id}|{actor}|{queue}|{message_id}"
 
 
 def format_record(*, expires_at: int | None, token: int, acquired_at: int, holder: str) -> str:
     """A holder's place as a lock stores it, ``holder`` being :meth:`Holder.encode`'s answer."""
-    if holder.startswith("{"):
-        return f"{'' if expires_at is None else expires_at}|{token}|{acquired_at}|{holder}"
     late = token // 1000 - acquired_at
     lifetime = "" if expires_at is None else expires_at - acquired_at
     return f"{token}|{late or ''}|{lifetime}|{holder}"
 
 
-#: The length of a UUID in base64url.
+#: The length of a UUID in base64url, and what one looks like.
 _SHORT_UUID = 22
+_SHORT_UUID_TEXT = re.compile(f"[A-Za-z0-9_-]{{{_SHORT_UUID}}}")
 
 
 def _short_uuid(text: str) -> str | None:
@@ -164,22 +153,21 @@ def _long_uuid(text: str) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def _decode(owner: str, holder: str, names: str | None) -> dict[str, Any]:
-    """The fields of a compact holder, named as :meth:`Holder.to_json` names them."""
+def _decode(owner: str, holder: str) -> dict[str, Any]:
+    """The fields of a recorded holder, named as :class:`Holder` names them."""
     flags, worker_id, redis_message_id, actor, queue, message_id = holder.split("|", 5)
-    if not actor and names:
-        actor, _, queue = names.partition("|")
-    fields: dict[str, Any] = {"message_id": message_id or owner}
-    if actor:
-        fields["actor"], fields["queue"] = actor, queue
-    fields["lock"], fields["state"] = _LOCKS[flags[1]], _STATES[flags[0]]
+    if not re.fullmatch("[qr][a-z][+]?[*]?", flags) or "|" in message_id:
+        raise ValueError(f"no holder's flags: {flags!r}")
+    fields: dict[str, Any] = {"message_id": unescape(message_id) if message_id else owner}
+    fields["actor"], fields["queue"] = unescape(actor), unescape(queue)
+    fields["lock"], fields["state"] = _LOCKS.get(flags[1], "internal"), _STATES[flags[0]]
     if worker_id:
-        fields["worker_id"] = worker_id
+        fields["worker_id"] = unescape(worker_id)
     if redis_message_id:
         fields["redis_message_id"] = (
-            _long_uuid(redis_message_id) if len(redis_message_id) == _SHORT_UUID else redis_message_id
+            _long_uuid(redis_message_id) if _SHORT_UUID_TEXT.fullmatch(redis_message_id) else unescape(redis_message_id)
         )
-    if flags.endswith("+"):
+    if "+" in flags:
         fields["replaceable"] = True
     return fields
 
@@ -216,24 +204,9 @@ class LockRecord:
         return RUN if lock_kind(self.key) == RUN else ENQUEUE
 
     @classmethod
-    def parse(cls, key: str, owner: str, record: str, names: str | None = None) -> LockRecord:
-        """Read a place as ``format_record()`` wrote it, or as earlier versions did.
-
-        Parameters:
-          names(str): The lock's ``names`` field: the actor and queue of holders that leave them out.
-        """
+    def parse(cls, key: str, owner: str, record: str) -> LockRecord:
+        """Read a place as ``format_record()`` wrote it."""
         first, second, third, holder = record.split("|", 3)
-        if holder.startswith("{"):
-            # "<expires_at>|<token>|<acquired_at>|<holder JSON>", as earlier versions wrote every place.
-            return cls(
-                key=key,
-                owner=owner,
-                record=record,
-                expires_at=int(first) if first else None,
-                token=int(second),
-                acquired_at=int(third),
-                holder=json.loads(holder),
-            )
         token = int(first)
         acquired_at = token // 1000 - int(second or 0)
         return cls(
@@ -243,35 +216,36 @@ class LockRecord:
             expires_at=acquired_at + int(third) if third else None,
             token=token,
             acquired_at=acquired_at,
-            holder=_decode(owner, holder, names),
+            holder=_decode(owner, holder),
         )
 
 
-def parse_lock(key: str, fields: Mapping[str, str]) -> list[LockRecord]:
-    """The places recorded in the fields of the lock at ``key`` (all of its hash, or some of
-    them with its ``names`` field), as :meth:`LockRecord.parse` reads each; a place it cannot
-    read comes as a record that says why (``unreadable``)."""
-    names = fields.get(NAMES_FIELD)
-    if names is not None and names.count("|") != 1:
-        # The record of a holder named "names" that an earlier version wrote over the field.
-        names = None
-    return [
-        _parse_place(key, owner, record, names)
-        for field, record in fields.items()
-        if (owner := field_owner(field)) is not None
-    ]
+#: The first line of a lock whose line has messages waiting (holders.lua).
+_WAITS = "~"
 
 
-def _parse_place(key: str, owner: str, record: str, names: str | None) -> LockRecord:
+def parse_lock(key: str, value: str) -> list[LockRecord]:
+    """The places recorded in the value of the lock at ``key``, as :meth:`LockRecord.parse` reads
+    each; a place it cannot read comes as a record that says why (``unreadable``)."""
+    places = []
+    for line in value.split("\n"):
+        if line and line != _WAITS:
+            escaped, bar, record = line.partition("|")
+            places.append(_parse_place(key, unescape(escaped) if bar else line, record if bar else line))
+    return places
+
+
+def read_place(key: str, owner: str, record: str) -> LockRecord:
+    """A place as a backend answers it, owner and record apart; a place it cannot read comes as a
+    record that says why (``unreadable``)."""
+    return _parse_place(key, owner, record)
+
+
+def _parse_place(key: str, owner: str, record: str) -> LockRecord:
     try:
-        place = LockRecord.parse(key, owner, record, names)
-        holder = place.holder
-        # The readers take its message id as text: a record of an earlier version is JSON there.
-        readable = isinstance(holder, dict) and isinstance(holder.get("message_id"), str)
+        return LockRecord.parse(key, owner, record)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        readable = False
-    if readable:
-        return place
+        pass
     shown = record if len(record) <= 100 else record[:100] + "…"
     reason = (
         f"the place of {owner!r} holds {shown!r}, which is not a record of this version (written by another "
@@ -607,7 +581,7 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def claim(
-        self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder, starting: str = ""
+        self, key: str, owner: str, *, replaced_key: str | None, release: bool, holder: Holder, starting: str = ""
     ) -> str:
         """A message that holds a place in the enqueue lock at ``key`` starts:
         give the place up (``release``) or record it as running (``holder``).
@@ -618,7 +592,9 @@ class LockBackend(abc.ABC):
         Returns:
           str: ``"held"``; ``"lapsed"`` when ``owner`` held no place; or
           ``"superseded"`` when a newer message took its place, in which case
-          the owner is removed from the set at ``replaced_key`` and must not run;
+          the owner is removed from the set at ``replaced_key`` and must not run
+          (``None`` for a message whose actor never replaces a queued holder:
+          nothing to look at);
           or ``"started_before"`` when that copy of a message that waited in line
           started before, and must not run.
         """

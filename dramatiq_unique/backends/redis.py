@@ -16,12 +16,14 @@ import redis
 import redis.sentinel
 from redis.crc import key_slot
 
-from ..errors import InvalidBackendOptions, LineNeedsBroker, LockBackendError, LockStoreHealing
+from ..errors import InvalidBackendOptions, LineNeedsBroker, LockBackendError, LockStoreHealing, NewerLockFormat
 from ..keys import (
     debounce_key,
     digest_keys_start,
     digest_of,
     epoch_key,
+    fence_key,
+    format_key,
     in_hand_key,
     line_key,
     lock_kind,
@@ -30,6 +32,7 @@ from ..keys import (
     served_key,
     waiters_key,
 )
+from ..version import RECORD_FORMAT, __version__
 from .base import (
     HELD,
     LAPSED,
@@ -46,6 +49,7 @@ from .base import (
     MessagesInHand,
     Waiter,
     parse_lock,
+    read_place,
 )
 from .native_connection import native_client
 from .scripts import LuaScripts, ScriptCaller
@@ -73,10 +77,9 @@ _MOVING_SLOT_SECONDS = 5.0
 #: if it reaches a worker within that time (7 days, Dramatiq's longest delay).
 REPLACED_TTL = 7 * 24 * 60 * 60 * 1000
 
-#: How long a lock's fencing token is kept after its last holder, in milliseconds: tokens keep
-#: increasing through steps back of the Redis server's clock shorter than this (20 minutes,
-#: above the 1,000 s beyond which ntpd refuses to step a clock).
-DEFAULT_FENCE_RETENTION = 20 * 60 * 1000
+#: How long a lock whose line has messages waiting outlives its longest-lived holder, in
+#: milliseconds: a place that lapsed there is handed on by the next step that finds it.
+LINE_RETENTION = 20 * 60 * 1000
 
 #: How long a transition waits for its replicas (``min_replicas``) by default, in milliseconds.
 DEFAULT_REPLICA_TIMEOUT = 1000
@@ -118,10 +121,6 @@ class RedisBackend(LockBackend):
         themselves (e.g. their ``password``), passed to
         :class:`redis.sentinel.Sentinel` as ``sentinel_kwargs``; by default the
         ``socket_*`` ones of ``parameters``.
-      fence_retention(int): Milliseconds a lock's fencing token is kept after
-        its last holder left or lapsed (a few dozen bytes per lock): tokens
-        keep increasing through steps back of the server's clock shorter than
-        this. See :doc:`Fencing tokens </fencing-tokens>`.
       min_replicas(int): How many replicas must have each change of a lock
         before it counts as made (``WAIT``, sent in the same round trip as
         the change). A change that fewer replicas acknowledged within
@@ -142,7 +141,7 @@ class RedisBackend(LockBackend):
       InvalidBackendOptions: A ``ValueError``, if the URL or the Sentinel
         options cannot be used. Its message quotes no part of the URL and no
         connection parameter.
-      ValueError: If ``fence_retention``, ``min_replicas``, ``replica_timeout`` or
+      ValueError: If ``min_replicas``, ``replica_timeout`` or
         ``accepted_eviction_policy`` is not valid.
     """
 
@@ -160,13 +159,11 @@ class RedisBackend(LockBackend):
         sentinels: Sequence[tuple[str, int]] | None = None,
         service_name: str | None = None,
         sentinel_parameters: Mapping[str, Any] | None = None,
-        fence_retention: int = DEFAULT_FENCE_RETENTION,
         min_replicas: int = 0,
         replica_timeout: int = DEFAULT_REPLICA_TIMEOUT,
         accepted_eviction_policy: str | None = None,
         **parameters: Any,
     ):
-        _check_integer("fence_retention", fence_retention, minimum=0, unit="milliseconds")
         _check_integer("min_replicas", min_replicas, minimum=0, unit="replicas")
         # WAIT's timeout 0 would block forever.
         _check_integer("replica_timeout", replica_timeout, minimum=1, unit="milliseconds")
@@ -183,7 +180,6 @@ class RedisBackend(LockBackend):
         if min_replicas:
             _check_socket_timeout(client, replica_timeout)
         self.client = client
-        self.fence_retention = fence_retention
         self.min_replicas = min_replicas
         self.replica_timeout = replica_timeout
         self.accepted_eviction_policy = accepted_eviction_policy
@@ -199,14 +195,13 @@ class RedisBackend(LockBackend):
         #: their refusal key is looked at apart from the scripts.
         self._moving_slots: dict[int, float] = {}
 
-        self._scripts = ScriptCaller(_lua_scripts(fence_retention), client)
+        self._scripts = ScriptCaller(_LUA_SCRIPTS, client)
 
     @classmethod
     def from_url(
         cls,
         url: str,
         *,
-        fence_retention: int = DEFAULT_FENCE_RETENTION,
         min_replicas: int = 0,
         replica_timeout: int = DEFAULT_REPLICA_TIMEOUT,
         accepted_eviction_policy: str | None = None,
@@ -218,7 +213,6 @@ class RedisBackend(LockBackend):
 
         Parameters:
           url(str): As for :class:`RedisBackend`, e.g. ``redis://host:6379/1``.
-          fence_retention(int): As for :class:`RedisBackend`.
           min_replicas(int): As for :class:`RedisBackend`.
           replica_timeout(int): As for :class:`RedisBackend`.
           accepted_eviction_policy(str): As for :class:`RedisBackend`.
@@ -231,7 +225,6 @@ class RedisBackend(LockBackend):
         """
         backend = cls(
             url=url,
-            fence_retention=fence_retention,
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
             accepted_eviction_policy=accepted_eviction_policy,
@@ -257,7 +250,6 @@ class RedisBackend(LockBackend):
             raise LockBackendError(f"Cannot reach the Redis Cluster: {type(e).__name__}: {e}") from None
         return cls(
             client=client,
-            fence_retention=fence_retention,
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
             accepted_eviction_policy=accepted_eviction_policy,
@@ -272,7 +264,6 @@ class RedisBackend(LockBackend):
             return None
         return RedisBackend(
             client=client,
-            fence_retention=self.fence_retention,
             min_replicas=self.min_replicas,
             replica_timeout=self.replica_timeout,
             accepted_eviction_policy=self.accepted_eviction_policy,
@@ -338,10 +329,11 @@ class RedisBackend(LockBackend):
         refusal = () if healing else self._refusal_keys(key)
         args = [owner, limit, ttl or 0, extend, holder.encode(owner)]
         if waiter is None:
-            return _acquisition(self._call("acquire", [key], args, refusal=refusal))
+            return _acquisition(self._call("acquire", [key, *self._slot_keys(key)], args, refusal=refusal))
         mode = "send" if starting is None else "start"
         args += [mode, starting or "", *_waiter_args(waiter, holder, limit)]
-        reply, handed, dropped = self._call("line", [key, *_line_keys(key)], args, refusal=refusal)
+        keys = [key, *_line_keys(key), *self._slot_keys(key)]
+        reply, handed, dropped = self._call("line", keys, args, refusal=refusal)
         self._hand_over(handed, dropped)
         return _acquisition(reply)
 
@@ -349,12 +341,12 @@ class RedisBackend(LockBackend):
         return _acquisition(self._call("handed", [key], [owner, holder.encode(owner), handoff]))
 
     def hand_again(self, key: str, owner: str, record: str) -> bytes | None:
-        handed, dropped = self._call("hand_again", [key, *_line_keys(key)], [owner, record])
+        handed, dropped = self._call("hand_again", self._lock_keys(key), [owner, record])
         _report_dropped(dropped)
         return None if handed is None else _bytes(handed)
 
     def release(self, key: str, owner: str) -> bool:
-        released, handed, dropped = self._call("release", [key, *_line_keys(key)], [owner])
+        released, handed, dropped = self._call("release", self._lock_keys(key), [owner])
         self._hand_over(handed, dropped)
         return bool(released)
 
@@ -372,6 +364,7 @@ class RedisBackend(LockBackend):
                 groups.setdefault(self.client.keyslot(key) if cluster else 0, []).append(i)  # type: ignore[union-attr]
         for group in groups.values():
             keys = [key for i in group for key in (places[i][0], *_line_keys(places[i][0]))]
+            keys += self._slot_keys(places[group[0]][0])
             reply, handed, dropped = self._call("release_many", keys, [places[i][1] for i in group])
             for i, answer in zip(group, reply, strict=True):
                 released[i] = bool(answer)
@@ -393,19 +386,25 @@ class RedisBackend(LockBackend):
     ) -> Acquisition:
         reply = self._call(
             "replace",
-            [key, replaced_key, debounce_key(key)],
+            [key, replaced_key, debounce_key(key), *self._slot_keys(key)],
             [owner, limit, ttl or 0, extend, holder.encode(owner), REPLACED_TTL, debounce_cap or 0],
             refusal=() if healing else self._refusal_keys(key),
         )
         return _acquisition(reply)
 
     def claim(
-        self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder, starting: str = ""
+        self, key: str, owner: str, *, replaced_key: str | None, release: bool, holder: Holder, starting: str = ""
     ) -> str:
         reply, handed, dropped = self._call(
             "claim",
-            [key, replaced_key, *_line_keys(key)],
-            [owner, "release" if release else "run", holder.encode(owner), starting],
+            [key, replaced_key or f"{key}:replaced", *_line_keys(key), *self._slot_keys(key)],
+            [
+                owner,
+                "release" if release else "run",
+                holder.encode(owner),
+                starting,
+                "" if replaced_key is None else "1",
+            ],
         )
         self._hand_over(handed, dropped)
         return {1: HELD, 0: LAPSED, -1: SUPERSEDED, -3: STARTED_BEFORE}[reply]
@@ -437,6 +436,7 @@ class RedisBackend(LockBackend):
                 line_key(acquire_key),
                 waiters_key(release_key),
                 served_key(release_key),
+                *self._slot_keys(acquire_key),
             ],
             args,
             refusal=self._refusal_keys(acquire_key),
@@ -499,19 +499,24 @@ class RedisBackend(LockBackend):
             if _is_cluster(self.client):
                 next_cursor, keys = self._scan_cluster(cursor, pattern, count)
             else:
-                position, keys = self.client.scan(int(cursor), match=pattern, count=count, _type="hash")  # type: ignore[misc, unused-ignore]
+                position, keys = self.client.scan(int(cursor), match=pattern, count=count, _type="string")  # type: ignore[misc, unused-ignore]
                 next_cursor = str(position)
             keys = [key for key in map(_text, keys) if lock_kind(key)]
-            pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call, unused-ignore]
-            for key in keys:
-                pipe.hgetall(key)
-            contents = pipe.execute()
+            contents = self.client.mget(keys) if keys and not _is_cluster(self.client) else self._get_each(keys)
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
         records: list[LockRecord] = []
-        for key, fields in zip(keys, contents, strict=True):
-            records.extend(parse_lock(key, {_read_text(field): _read_text(value) for field, value in fields.items()}))
+        for key, value in zip(keys, contents, strict=True):
+            if value is not None:
+                records.extend(parse_lock(key, _read_text(value)))
         return next_cursor, records
+
+    def _get_each(self, keys: Sequence[str]) -> list[Any]:
+        """The values at ``keys``, in one pipeline (on a cluster, keys of many slots)."""
+        pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call, unused-ignore]
+        for key in keys:
+            pipe.get(key)
+        return list(pipe.execute())
 
     def _scan_cluster(self, cursor: str, pattern: str, count: int) -> tuple[str, list[Any]]:
         # Node by node, primaries in a stable order: the cursor is "<node index>:<node cursor>".
@@ -522,7 +527,7 @@ class RedisBackend(LockBackend):
         if index >= len(nodes):
             return "0", []
         # RedisCluster.scan answers ({node name: cursor}, keys).
-        cursors, keys = client.scan(position, match=pattern, count=count, _type="hash", target_nodes=nodes[index])
+        cursors, keys = client.scan(position, match=pattern, count=count, _type="string", target_nodes=nodes[index])
         position = int(next(iter(cursors.values())) if isinstance(cursors, dict) else cursors)
         if position == 0:
             index, position = index + 1, 0
@@ -588,6 +593,23 @@ class RedisBackend(LockBackend):
             return [refusal_key(prefix, _slot_tags()[key_slot(key.encode())])]
         return [refusal_key(prefix), epoch_key(prefix)] if self._saw_mark(prefix) else [refusal_key(prefix)]
 
+    def _slot_keys(self, key: str) -> list[str]:
+        """The keys of the hash slot of the lock at ``key`` that a script issuing tokens there
+        reads: the last token issued and the format marker (none for a key of another kind, the
+        reaper's and the healer's own locks)."""
+        prefix = prefix_of(key)
+        if prefix is None:
+            return []
+        if _is_cluster(self.client):
+            tag = _slot_tags()[key_slot(key.encode())]
+            return [fence_key(prefix, tag), format_key(prefix, tag)]
+        return [fence_key(prefix), format_key(prefix)]
+
+    def _lock_keys(self, key: str) -> list[str]:
+        """The lock at ``key``, the keys of its line and of its hash slot: those of a script that
+        may hand its free places to its line."""
+        return [key, *_line_keys(key), *self._slot_keys(key)] if lock_kind(key) is not None else [key]
+
     def _moving(self, key: str) -> bool:
         """Whether the hash slot of ``key`` was found moving between masters a moment ago."""
         until = self._moving_slots.get(key_slot(key.encode())) if self._moving_slots else None
@@ -637,7 +659,7 @@ class RedisBackend(LockBackend):
 
     def release_record(self, key: str, owner: str, record: str) -> bool:
         released, handed, dropped, *waiting = self._call(
-            "release_record", [key, *_line_keys(key)], [owner, record, self._no_broker()]
+            "release_record", self._lock_keys(key), [owner, record, self._no_broker()]
         )
         if waiting:
             raise LineNeedsBroker(key, int(waiting[0]))
@@ -701,17 +723,15 @@ class RedisBackend(LockBackend):
 
     def read(self, keys: Sequence[str]) -> tuple[int, list[LockRecord]]:
         reply = self._call("read", list(keys), [], writes=False)
-        locks: dict[str, dict[str, str]] = {}
-        for i in range(1, len(reply), 3):
-            locks.setdefault(keys[int(reply[i]) - 1], {})[_read_text(reply[i + 1])] = _read_text(reply[i + 2])
-        records: list[LockRecord] = []
-        for key, fields in locks.items():
-            records.extend(parse_lock(key, fields))
+        records = [
+            read_place(keys[int(reply[i]) - 1], _read_text(reply[i + 1]), _read_text(reply[i + 2]))
+            for i in range(1, len(reply), 3)
+        ]
         return int(reply[0]), records
 
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
         args = [self._no_broker(), *(value for owner, record in records.items() for value in (owner, record))]
-        released, handed, dropped, *waiting = self._call("release_records", [key, *_line_keys(key)], args)
+        released, handed, dropped, *waiting = self._call("release_records", self._lock_keys(key), args)
         if waiting:
             raise LineNeedsBroker(key, int(waiting[0]))
         self._hand_over(handed, dropped)
@@ -836,7 +856,7 @@ class RedisBackend(LockBackend):
             self._stale_slots = True  # a master may have failed over: ask for the slot map again
         if isinstance(e, redis.ResponseError) and str(e).startswith("WRONGTYPE") and keys:
             return self._wrong_type(keys, e)
-        return _backend_error(e)
+        return _backend_error(e, keys)
 
     def _wrong_type(self, keys: Sequence[str], e: redis.ResponseError) -> LockBackendError:
         """The error of a script that met one of its ``keys`` holding another type than this
@@ -851,6 +871,12 @@ class RedisBackend(LockBackend):
         for key, kind in zip(keys, found, strict=True):
             expected = next((written for end, written in _KEY_TYPES if key.endswith(end)), None)
             if expected is not None and kind not in (expected, "none"):
+                if kind == "hash" and lock_kind(key) is not None:
+                    return LockBackendError(
+                        f"The Redis lock backend left key {key!r} as it is: it holds a lock in the format of "
+                        "dramatiq-unique 0.1 (a hash), which this version neither reads nor writes. Let the workers "
+                        "of 0.1 finish, then remove the keys of 0.1 (see Upgrading in the docs)."
+                    )
                 return LockBackendError(
                     f"The Redis lock backend left key {key!r} as it is: it holds a {kind}, not the {expected} this "
                     "version writes there (written by another program, or by hand). Remove that key (see Errors in "
@@ -940,15 +966,15 @@ class RedisBackend(LockBackend):
         self._stale_slots = False
 
 
-@functools.cache
-def _lua_scripts(fence_retention: int) -> LuaScripts:
-    return LuaScripts(
-        constants={
-            "FENCE_RETENTION": fence_retention,
-            "UNHEALED_REFUSAL": UNHEALED_REFUSAL,
-            "SERVED_RETENTION": SERVED_RETENTION,
-        }
-    )
+_LUA_SCRIPTS = LuaScripts(
+    constants={
+        "FORMAT": RECORD_FORMAT,
+        "WRITER": __version__,
+        "LINE_RETENTION": LINE_RETENTION,
+        "UNHEALED_REFUSAL": UNHEALED_REFUSAL,
+        "SERVED_RETENTION": SERVED_RETENTION,
+    }
+)
 
 
 def _check_integer(name: str, value: Any, *, minimum: int, unit: str) -> None:
@@ -1045,17 +1071,19 @@ def _url_error(problem: str) -> str:
     )
 
 
-def _backend_error(e: Exception) -> LockBackendError:
+def _backend_error(e: Exception, keys: Sequence[str] = ()) -> LockBackendError:
     if isinstance(e, redis.ResponseError) and str(e).startswith(_UNREADABLE):
         return _unreadable_lock(str(e))
+    if isinstance(e, redis.ResponseError) and str(e).startswith(_NEWER_FORMAT):
+        return _newer_format(str(e)[len(_NEWER_FORMAT) :], keys)
     # The error names host and port at most, never credentials.
     return LockBackendError(f"The Redis lock backend failed: {type(e).__name__}: {e}")
 
 
 #: The type of each key of a digest that the scripts write, by the end of its name (keys.py).
 _KEY_TYPES = (
-    ("}", "hash"),
-    ("}:run", "hash"),
+    ("}", "string"),
+    ("}:run", "string"),
     (":line", "list"),
     (":waiting", "hash"),
     (":served", "zset"),
@@ -1066,6 +1094,25 @@ _KEY_TYPES = (
 #: How a script's error starts when a lock holds what this version cannot read (holders.lua's
 #: refuse_unreadable), followed by what it found, in JSON.
 _UNREADABLE = "UNREADABLE "
+
+
+#: How a script's error starts when the format marker of a lock's slot is not this version's
+#: (holders.lua's refuse_format), followed by the marker.
+_NEWER_FORMAT = "FORMAT "
+
+#: The lock prefixes whose newer format this process said it met, once each.
+_newer_formats_told: set[str] = set()
+
+
+def _newer_format(marker: str, keys: Sequence[str]) -> LockBackendError:
+    """The error of a script that met a format marker of another version, said once per prefix
+    as an ERROR: the process locks nothing there until it is upgraded."""
+    prefix = next((found for key in keys if (found := prefix_of(key)) is not None), "?")
+    error = NewerLockFormat(prefix, marker)
+    if prefix not in _newer_formats_told:
+        _newer_formats_told.add(prefix)
+        _logger.error("%s", error)
+    return error
 
 
 def _unreadable_lock(error: str) -> LockBackendError:

@@ -12,6 +12,7 @@ release, run side by side on one server.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import threading
 from importlib import resources
@@ -42,13 +43,14 @@ class LuaScripts:
     """The scripts of one backend, with its constants in front of the shared functions.
 
     Parameters:
-      constants(dict[str, int]): The Lua constants the shared functions read, e.g.
-        ``FENCE_RETENTION``, defined in front of them.
+      constants(dict[str, int | str]): The Lua constants the shared functions read, e.g.
+        ``LINE_RETENTION``, defined in front of them.
     """
 
-    def __init__(self, *, constants: dict[str, int]) -> None:
+    def __init__(self, *, constants: dict[str, int | str]) -> None:
         lua = resources.files(__package__).joinpath("lua")
-        prelude = "".join(f"local {name} = {value}\n" for name, value in constants.items())
+        # A text constant is written as JSON writes it, which Lua reads alike for printable ASCII.
+        prelude = "".join(f"local {name} = {json.dumps(value)}\n" for name, value in constants.items())
         prelude += lua.joinpath(f"{_LIBRARY}.lua").read_text()
         self._bodies = {
             path.name.removesuffix(".lua"): path.read_text()
@@ -56,7 +58,7 @@ class LuaScripts:
             if path.name.endswith(".lua") and path.name != f"{_LIBRARY}.lua"
         }
         self._prelude = prelude
-        # Named by its content: libraries of two releases, or of two fence retentions, never
+        # Named by its content: libraries of two releases never
         # replace each other's functions on a server both use.
         self.version = hashlib.sha1((prelude + "".join(sorted(self._bodies.values()))).encode()).hexdigest()[:12]
         self.library = f"dramatiq_unique_{self.version}"

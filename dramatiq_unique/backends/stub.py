@@ -209,7 +209,7 @@ class StubBackend(LockBackend):
             return dataclasses.replace(acquisition, replaced=victim, due_within=due_within)
 
     def claim(
-        self, key: str, owner: str, *, replaced_key: str, release: bool, holder: Holder, starting: str = ""
+        self, key: str, owner: str, *, replaced_key: str | None, release: bool, holder: Holder, starting: str = ""
     ) -> str:
         handed: list[bytes] = []
         with self._mutex:
@@ -224,13 +224,13 @@ class StubBackend(LockBackend):
         key: str,
         owner: str,
         *,
-        replaced_key: str,
+        replaced_key: str | None,
         release: bool,
         holder: Holder,
         starting: str,
         handed: list[bytes],
     ) -> str:
-        if self._forget_replaced(replaced_key, owner):
+        if replaced_key is not None and self._forget_replaced(replaced_key, owner):
             self._release(key, owner, handed)
             return SUPERSEDED
         lock = self._live(key, time.time_ns() // 1_000_000)

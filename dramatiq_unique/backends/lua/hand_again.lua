@@ -1,13 +1,15 @@
 -- The orphan reaper enqueues again a message that a line handed a place and that never reached
 -- the broker: the place, while it is still exactly `record` and its message waits, gets a new
 -- token, so that the copy first handed it, if it reaches a worker after all, does not take it.
--- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at). ARGV: owner, record.
+-- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at); KEYS[5], KEYS[6]: the fence
+-- and the format of its hash slot (open_slot). ARGV: owner, record.
 -- Returns {"<token>\n<message>" as hand_over answers it, or false when the place changed or
 -- went, its message started, its waiter entry could not be read (then it is dropped: the next
 -- run of the reaper frees the place) or the lock holds a record this version cannot read; the
 -- waiters dropped (hand_over)}.
 local key, line, owner = KEYS[1], line_at(KEYS[2], KEYS[3], KEYS[4]), ARGV[1]
-local holders, count, kept = live_holders(key, true)
+open_slot(KEYS[5], KEYS[6])
+local holders = live_holders(key, true)
 local record = holders[owner]
 local answer = false
 if record == ARGV[2] and not unreadable[key] then
@@ -20,14 +22,12 @@ if record == ARGV[2] and not unreadable[key] then
     if limit then message = waiting else drop_waiter(key, line, id) end
   end
   if message then
-    local now, now_us = clock()
-    local token = math.max(last_token(key) + 1, now_us)
-    write_lock_field(key, FENCE, string.format("%d", token))
-    record = format_record(expires_at, token, now, holder)
+    local token = new_token()
+    record = format_record(expires_at, token, clock(), holder)
     write_holder(key, owner, record)
     holders[owner] = record
     answer = string.format("%d", token) .. "\n" .. message
   end
 end
-expire_with_holders(key, holders, count + kept)
+expire_with_holders(key)
 return {answer, dropped}

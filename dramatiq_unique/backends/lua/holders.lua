@@ -2,59 +2,46 @@
 -- server with every script, as a library of Redis Functions, where the server has
 -- them (scripts.py); elsewhere it puts this file in front of each script, called by SHA.
 --
--- A lock is one HASH. Two fields are the lock's own: "fence" holds the last
--- fencing token issued, "names" the actor and queue its holders share (below).
--- Every other field is a holder: its owner -> its record. An owner that is
--- "fence" or "names" with any number of "@" in front (none included) takes one
--- more "@" in its field, so no holder's field is ever one of the lock's own
--- (holder_field, field_owner; every other owner is its own field, as it was
--- in earlier versions). A record is
---   "<token>|<late>|<lifetime>|<holder>"
--- where acquired_at is the token's millisecond less `late` (empty for 0) and
--- expires_at is acquired_at plus `lifetime` (empty: never), and a holder is
---   "<state><lock>[+]|<worker_id>|<redis_message_id>|<actor>|<queue>|<message_id>"
--- with one-letter codes for state and lock type, "+" for a replaceable holder,
--- an empty message_id for a holder whose field is its message_id, and an empty
--- actor and queue for those in the field "names" ("<actor>|<queue>", set by the
--- lock's first holder: the holders of a lock are nearly always of one actor and
--- queue).
--- Short records keep the hash in Redis' compact encoding. A record of an
--- earlier version, or of a holder with no compact form (Holder.encode), is
---   "<expires_at>|<token>|<acquired_at>|<holder JSON>"
--- and is read, and written again, as such. Times are in milliseconds of this
--- server's clock. The numbers stay outside the JSON because cjson cannot
--- encode 16-digit integers exactly.
+-- A lock is one STRING: the records of its holders, oldest first, one per line, and in front a
+-- line "~" while messages wait in the lock's line (so that a release looks at the line's keys
+-- only then). A record is
+--   "<owner>|<token>|<late>|<lifetime>|<holder>"
+-- with "%", "|" and newlines in the owner written %25, %7C and %0A (escape), where acquired_at
+-- is the token's millisecond less `late` (empty for 0) and expires_at is acquired_at plus
+-- `lifetime` (empty: never), and a holder is
+--   "<state><lock>[+][*]|<worker_id>|<redis_message_id>|<actor>|<queue>|<message_id>"
+-- with one-letter codes for state and lock type, "+" for a replaceable holder, "*" for one
+-- whose place a line handed it (its message is among the waiters until it starts), each value
+-- escaped as the owner is (Holder.encode), and an empty message_id for a holder whose owner is
+-- its message_id. The key expires with its longest-lived holder and goes with its last one.
 --
--- RedisBackend defines FENCE_RETENTION (ms) in front of this file: how long
--- a lock's fence outlives its last holder; and UNHEALED_REFUSAL (ms): how long new
--- places are refused after a script found the store's data gone, unless a worker heals
--- it sooner or keeps refusing while it does.
+-- Fencing tokens follow the server's clock in microseconds and, through a clock that steps back,
+-- the last token issued in the lock's hash slot: a counter per slot under the lock prefix (its
+-- fence key), so a lock keeps nothing once its last holder left. The slot's format key holds the
+-- format of the records under the prefix, "<FORMAT> <version that wrote it>": a process finds a
+-- newer format in the read it makes anyway, and refuses to write.
+--
+-- RedisBackend defines, in front of this file: FORMAT, the format of this file's records, and
+-- WRITER, the version that writes them; LINE_RETENTION (ms): how long a lock whose line has
+-- messages waiting outlives its longest-lived holder, for the script that hands the place on;
+-- and UNHEALED_REFUSAL (ms): how long new places are refused after a script found the store's
+-- data gone, unless a worker heals it sooner or keeps refusing while it does.
 
-local FENCE, NAMES = "fence", "names"
-local ESCAPE = 64 -- "@", put in front of an owner named like a lock's own field
-local JSON = 123 -- "{", the first byte of a holder in JSON
+local WAITS = "~" -- the first line of a lock whose line has messages waiting
+local HANDED = 42 -- "*", the last flag of a holder whose place a line handed it
 
--- Whether `name`, less the "@" in front of it, is the name of a lock's own field.
-local function lock_field_name(name)
-  if string.byte(name) == ESCAPE then name = string.match(name, "^@*(.*)$") end
-  return name == FENCE or name == NAMES
+-- `text` as a record holds it: "%", "|" and newlines escaped.
+local function escape(text)
+  if not string.find(text, "[%%|\n]") then return text end
+  return (string.gsub(text, "[%%|\n]", {["%"] = "%25", ["|"] = "%7C", ["\n"] = "%0A"}))
 end
 
--- The field of `owner`'s record: never one of the lock's own fields.
-local function holder_field(owner)
-  if lock_field_name(owner) then return "@" .. owner end
-  return owner
+local function unescape(text)
+  if not string.find(text, "%", 1, true) then return text end
+  return (string.gsub(text, "%%(%x%x)", function(code) return string.char(tonumber(code, 16)) end))
 end
 
--- The owner whose record a field holds; nil for the lock's own fields.
-local function field_owner(field)
-  if field == FENCE or field == NAMES then return nil end
-  if string.byte(field) == ESCAPE and lock_field_name(field) then return string.sub(field, 2) end
-  return field
-end
-
--- Each script reads the clock at most once, reads a lock's hash once (HGETALL)
--- and writes its fields in one HSET and one HDEL (stage, flush).
+-- Each script reads the clock at most once, reads a lock once (GET) and writes it once.
 
 local now_ms, now_us = nil, nil
 
@@ -68,196 +55,210 @@ local function clock()
   return now_ms, now_us
 end
 
--- The fence and names fields of each lock whose hash this script read (false: absent).
-local known = {}
--- The locks whose hash this script found absent: one it creates has no expiry to take away.
-local absent = {}
--- Each lock whose hash holds a record this version cannot read -> the first such field and its value.
+-- Each lock this script read: owners (in the order of the record), records (owner -> record,
+-- false once given up), lines kept as they were (records this version cannot read, lapsed places
+-- kept for a script that hands them on), whether messages wait in its line, whether it existed
+-- and whether it changed.
+local locks = {}
+-- Each lock whose value holds a record this version cannot read -> the first such line.
 local unreadable = {}
 -- The waiters whose entry could not be read, dropped from their line: lock key, message id, ...
 local dropped = {}
--- The field writes of each lock not sent yet: field -> value, false to delete.
-local staged = {}
+-- The keys of the hash slot of the locks this script takes places in (open_slot): the fence
+-- counter and the format marker, the last token issued there (nil: not read yet), whether the
+-- format marker is missing, and whether a token was issued.
+local slot = nil
 
--- Forgets the clock read and the hashes read by an earlier call: a library of Redis
+-- Forgets the clock read and the locks read by an earlier call: a library of Redis
 -- Functions keeps this file's state from one call to the next.
 local function begin_call()
-  now_ms, now_us, known, absent, staged, unreadable, dropped = nil, nil, {}, {}, {}, {}, {}
+  now_ms, now_us, locks, unreadable, dropped, slot = nil, nil, {}, {}, {}, nil
 end
 
-local function stage(key, field, value)
-  if not staged[key] then staged[key] = {} end
-  staged[key][field] = value
+-- Raises the error that RedisBackend reports as records under the prefix of a newer format.
+local function refuse_format(found)
+  error({err = "FORMAT " .. found})
 end
 
--- The lock's own field FENCE or NAMES.
-local function lock_field(key, name)
-  local fields = known[key]
-  if fields then return fields[name] end
-  return redis.call("HGET", key, name)
+-- Whether a format marker is one this file may write beside: its own format.
+local function check_format(found)
+  if not found then return end
+  local format = tonumber(string.match(found, "^(%d+) "))
+  if format ~= FORMAT then refuse_format(found) end
 end
 
--- Sets the lock's own field FENCE or NAMES (false: deletes it).
-local function write_lock_field(key, name, value)
-  stage(key, name, value)
-  if known[key] then known[key][name] = value end
-end
-
--- Records `owner`'s place (false: gives it up).
-local function write_holder(key, owner, record)
-  stage(key, holder_field(owner), record)
-end
-
-local function flush(key)
-  local fields = staged[key]
-  if not fields then return end
-  staged[key] = nil
-  local set, delete = {}, {}
-  for field, value in pairs(fields) do
-    if value then
-      table.insert(set, field)
-      table.insert(set, value)
-    else
-      table.insert(delete, field)
-    end
+-- The hash slot's keys: `fence`, the counter of its last token, and `format`, its format marker
+-- (nil for both: a script that issues no new token, or only where a line waits). `values` are
+-- their values if the caller read them already (false: absent).
+local function open_slot(fence, format, values)
+  if not fence then return end
+  slot = {fence = fence, format = format}
+  if values then
+    slot.last = tonumber(values[1]) or 0
+    check_format(values[2])
+    slot.unmarked = not values[2]
   end
-  if #delete > 0 then redis.call("HDEL", key, unpack(delete)) end
-  if #set > 0 then redis.call("HSET", key, unpack(set)) end
+end
+
+-- A new fencing token: the clock in microseconds, or one more than the slot's last token when
+-- the clock is behind it (it stepped back).
+local function new_token()
+  local _, now = clock()
+  -- A lock of the library's own (the reaper's, the healing's) is in no lock prefix's slot.
+  if not slot then return now end
+  if slot.last == nil then
+    local found = redis.call("MGET", slot.fence, slot.format)
+    slot.last = tonumber(found[1]) or 0
+    check_format(found[2])
+    slot.unmarked = not found[2]
+  end
+  local token = math.max(slot.last + 1, now)
+  slot.last, slot.issued = token, true
+  return token
+end
+
+-- Writes the slot's last token, and its format marker where it had none.
+local function close_slot()
+  if not (slot and slot.issued) then return end
+  if slot.unmarked then
+    redis.call("MSET", slot.fence, string.format("%d", slot.last), slot.format, FORMAT .. " " .. WRITER)
+    slot.unmarked = false
+  else
+    redis.call("SET", slot.fence, string.format("%d", slot.last))
+  end
+  slot.issued = false
 end
 
 -- Returns expires_at (nil: never), token, acquired_at and the holder; nothing for a record
 -- without the numbers of its form (live_holders also checks the holder: readable_holder).
 local function parse(record)
-  local a, b, c, holder = string.match(record, "^(-?%d*)|(-?%d*)|(-?%d*)|(.*)$")
+  local t, l, d, holder = string.match(record, "^(%d+)|(%d*)|(%d*)|(.*)$")
   if not holder or holder == "" then return end
-  if string.byte(holder) == JSON then
-    local token, acquired_at = tonumber(b), tonumber(c)
-    if not (token and acquired_at) then return end
-    return tonumber(a), token, acquired_at, holder
-  end
-  local token, lifetime = tonumber(a), tonumber(c)
-  if not token or (c ~= "" and not lifetime) then return end
-  local acquired_at = (token - token % 1000) / 1000 - (tonumber(b) or 0)
+  local token, lifetime = tonumber(t), tonumber(d)
+  local acquired_at = (token - token % 1000) / 1000 - (tonumber(l) or 0)
   local expires_at = nil
   if lifetime then expires_at = acquired_at + lifetime end
   return expires_at, token, acquired_at, holder
 end
 
--- Whether `holder` is one as Holder.encode writes it: compact, "<state><lock>[+]" and five
--- "|", or a JSON object with a message_id.
+-- Whether `holder` is one as Holder.encode writes it: "<state><lock>[+][*]" and five "|".
 local function readable_holder(holder)
-  if string.byte(holder) ~= JSON then
-    return string.match(holder, "^[qr]%l%+?|[^|]*|[^|]*|[^|]*|[^|]*|") ~= nil
-  end
-  local ok, fields = pcall(cjson.decode, holder)
-  return ok and type(fields) == "table" and type(fields.message_id) == "string"
+  return string.match(holder, "^[qr]%l%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
 end
 
 -- Raises the error that RedisBackend reports as a lock holding what this version cannot read:
--- `found` is a field and its value. (A key of another type fails its first command: WRONGTYPE.)
+-- `found` is the owner and the record. (A key of another type fails its first command: WRONGTYPE.)
 local function refuse_unreadable(key, found)
   found.key = key
   error({err = "UNREADABLE " .. cjson.encode(found)})
 end
 
 local function format_record(expires_at, token, acquired_at, holder)
-  if string.byte(holder) == JSON then
-    local expiry = ""
-    if expires_at then expiry = string.format("%d", expires_at) end
-    return expiry .. "|" .. string.format("%d", token) .. "|" .. string.format("%d", acquired_at) .. "|" .. holder
-  end
   local late, lifetime = (token - token % 1000) / 1000 - acquired_at, ""
   if expires_at then lifetime = string.format("%d", expires_at - acquired_at) end
   if late == 0 then late = "" else late = string.format("%d", late) end
   return string.format("%d", token) .. "|" .. late .. "|" .. lifetime .. "|" .. holder
 end
 
--- The last token issued for the lock: its fence. A holder named "fence" of an
--- earlier version wrote its record over the fence: that record's token was the last.
-local function last_token(key)
-  local fence = lock_field(key, FENCE)
-  if not fence then return 0 end
-  local token = tonumber(fence)
-  if token then return token end
-  local _, overwritten = parse(fence)
-  return overwritten
-end
-
 local function message_id(owner, holder)
-  if string.byte(holder) == JSON then return cjson.decode(holder).message_id end
   local id = string.match(holder, "^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|(.*)$")
   if id == "" then return owner end
-  return id
+  return unescape(id)
+end
+
+local function flags(holder)
+  return string.match(holder, "^[^|]*")
 end
 
 -- Whether a newer message may take the holder's place (replace): it is queued and replaceable.
 local function replaceable(holder)
-  if string.byte(holder) == JSON then
-    return string.find(holder, '"replaceable":true', 1, true) and string.find(holder, '"state":"queued"', 1, true)
-  end
-  local flags = string.match(holder, "^[^|]*")
-  return string.sub(flags, 1, 1) == "q" and string.sub(flags, -1) == "+"
+  return string.match(flags(holder), "^q%l%+") ~= nil
 end
 
--- The holder to record for a lock with `count` other holders: without its
--- actor and queue when they are the lock's names. The first holder sets them;
--- they never change while a holder relies on them.
-local function share_names(key, count, holder)
-  if string.byte(holder) == JSON then return holder end
-  local head, names, id = string.match(holder, "^([^|]*|[^|]*|[^|]*)|([^|]+|[^|]+)|(.*)$")
-  if not head then return holder end
-  if count == 0 then
-    write_lock_field(key, NAMES, names)
-  elseif lock_field(key, NAMES) ~= names then
-    return holder
-  end
-  return head .. "|||" .. id
+-- Whether the holder's place was handed by a line: its message is among the waiters.
+local function was_handed(holder)
+  local f = flags(holder)
+  return string.byte(f, #f) == HANDED
 end
 
--- Remembers the first field of the lock's hash that this version cannot read (live_holders).
-local function mark_unreadable(key, field, value)
-  if not unreadable[key] then unreadable[key] = {field = field, value = value} end
+-- `holder` marked as one whose place a line handed it.
+local function mark_handed(holder)
+  if was_handed(holder) then return holder end
+  local f, rest = string.match(holder, "^([^|]*)(|.*)$")
+  return f .. "*" .. rest
 end
 
+-- Records `owner`'s place in the lock at `key` (false: gives it up).
+local function write_holder(key, owner, record)
+  local lock = locks[key]
+  if record and lock.records[owner] == nil then table.insert(lock.owners, owner) end
+  lock.records[owner] = record
+  lock.changed = true
+end
+
+-- Marks whether messages wait in the line of the lock at `key`.
+local function set_waits(key, waits)
+  local lock = locks[key]
+  if lock.waits ~= waits then lock.waits, lock.changed = waits, true end
+end
+
+-- Remembers the first record of the lock that this version cannot read (live_holders).
+local function mark_unreadable(key, owner, value)
+  if not unreadable[key] then unreadable[key] = {owner = owner, value = value} end
+end
+
+-- Reads the lock at `key` (its value `value`, if the caller read it already; false: absent).
 -- Drops the holders whose place lapsed; returns the others (owner -> record), their count, and
 -- how many lapsed places it kept. Lapse is judged by the server clock now (read only if a
 -- place may lapse): after that clock stepped back, a lapsed place that no script dropped yet
 -- counts again until the clock passes its expiry once more, as Redis' own key expiry does with
 -- keys. A script that cannot hand a freed place to the lock's line (it has not its keys) passes
--- `keep_lapsed`: the lapsed places stay, not counted, for a step that hands them over (a
--- release, a start, a new send, the orphan reaper), so that no waiter is forgotten.
+-- `keep_lapsed`: where messages wait in the line, the lapsed places stay, not counted, for a step
+-- that hands them over (a release, a start, a new send), so that no waiter is forgotten.
 --
 -- A record this version cannot read (another version's, a hand edit) is neither dropped nor
 -- counted as a holder: the lock is marked unreadable, so that no place is taken or handed
 -- beside a holder that cannot be told apart from a free place (reject_unreadable), while its
 -- readable holders may still give theirs up.
-local function live_holders(key, keep_lapsed)
-  local fields = redis.call("HGETALL", key)
+local function live_holders(key, keep_lapsed, value)
+  if value == nil then value = redis.call("GET", key) end
+  local lock = {
+    owners = {}, records = {}, kept = {}, kept_until = 0, waits = false, existed = value ~= false, changed = false,
+  }
+  locks[key] = lock
   local holders, count, kept = {}, 0, 0
-  local lock = {[FENCE] = false, [NAMES] = false}
-  for i = 1, #fields, 2 do
-    local field, record = fields[i], fields[i + 1]
-    local owner = field_owner(field)
-    if not owner then
-      lock[field] = record
-      -- The fence, or the record of an earlier version's holder named "fence" (last_token).
-      if field == FENCE and not tonumber(record) and not select(2, parse(record)) then
-        mark_unreadable(key, field, record)
-      end
+  if not value then return holders, count, kept end
+  -- A lock of one line expires with that place: found, it has not lapsed (no clock read).
+  local single = not string.find(value, "\n", 1, true)
+  local first = true
+  for line in string.gmatch(value, "[^\n]+") do
+    if first and line == WAITS then
+      lock.waits = true
     else
-      local expires_at, token, _, holder = parse(record)
-      if not token or not readable_holder(holder) then
-        mark_unreadable(key, field, record)
-      elseif expires_at and expires_at <= clock() then
-        if keep_lapsed then kept = kept + 1 else write_holder(key, owner, false) end
+      local escaped, record = string.match(line, "^([^|]*)|(.*)$")
+      local owner = escaped and unescape(escaped)
+      local expires_at, token, _, holder = nil, nil, nil, nil
+      if record then expires_at, token, _, holder = parse(record) end
+      if not token or not readable_holder(holder) or lock.records[owner] ~= nil then
+        mark_unreadable(key, owner or line, record or line)
+        table.insert(lock.kept, line)
+      elseif expires_at and not single and expires_at <= clock() then
+        if keep_lapsed and lock.waits then
+          kept = kept + 1
+          table.insert(lock.kept, line)
+          if expires_at > lock.kept_until then lock.kept_until = expires_at end
+        else
+          lock.changed = true
+        end
       else
+        table.insert(lock.owners, owner)
+        lock.records[owner] = record
         holders[owner] = record
         count = count + 1
       end
     end
+    first = false
   end
-  known[key] = lock
-  absent[key] = #fields == 0
   return holders, count, kept
 end
 
@@ -267,50 +268,53 @@ local SHOWN = 100
 local function reject_unreadable(key)
   local found = unreadable[key]
   if found then
-    refuse_unreadable(key, {field = found.field, value = string.sub(found.value, 1, SHOWN), cut = #found.value > SHOWN})
+    refuse_unreadable(key, {field = found.owner, value = string.sub(found.value, 1, SHOWN), cut = #found.value > SHOWN})
   end
 end
 
--- The key lives as long as its longest-lived holder, then FENCE_RETENTION ms
--- more, and at least until FENCE_RETENTION past its last token's time. Once
--- its last holder left, the key keeps its fence alone: expiry follows the
--- server clock, so the key is still there after that clock stepped back by
--- less than FENCE_RETENTION, and tokens keep increasing.
-local function expire_with_holders(key, holders, count)
-  -- A lock that holds a record this version cannot read keeps its fields and an expiry at least
-  -- as late as it had: that record may be of a holder that never lapses.
-  local keeps_unreadable = unreadable[key] ~= nil
-  if count == 0 and not keeps_unreadable and lock_field(key, NAMES) then write_lock_field(key, NAMES, false) end
-  flush(key)
-  if count == 0 and not keeps_unreadable and lock_field(key, FENCE) then
-    -- A hash that held a record longer than hash-max-listpack-value (a run
-    -- lock's, with a worker id and a message id) keeps Redis' large encoding;
-    -- restored, a hash of one short field takes the compact one: half the memory.
-    -- (Deleting it and writing it again is refused by Redis Cluster while the
-    -- key's slot migrates.) An ACL user may be denied RESTORE: the key then stays
-    -- as it is. A hash that is compact already (nearly every enqueue lock) needs
-    -- no DUMP and RESTORE.
-    local encoding = redis.pcall("OBJECT", "ENCODING", key)
-    if encoding == "hashtable" then
-      local dumped = redis.pcall("DUMP", key)
-      if type(dumped) == "string" then redis.pcall("RESTORE", key, 0, dumped, "REPLACE") end
+-- Writes the lock at `key` as this script left it: its holders, and the lines it kept; without
+-- any, the key goes. The key expires with its longest-lived holder (never, for one that never
+-- lapses); while messages wait in its line, LINE_RETENTION ms later, so that the step that hands
+-- a lapsed place on finds it. A lock that holds a record this version cannot read keeps an
+-- expiry at least as late as it had: that record may be of a holder that never lapses.
+local function expire_with_holders(key)
+  close_slot()
+  local lock = locks[key]
+  if not lock.changed then return end
+  lock.changed = false
+  local lines, latest, lapses = {}, lock.kept_until, true
+  if lock.waits then table.insert(lines, WAITS) end
+  for _, owner in ipairs(lock.owners) do
+    local record = lock.records[owner]
+    if record then
+      table.insert(lines, escape(owner) .. "|" .. record)
+      local expires_at = parse(record)
+      if not expires_at then lapses = false elseif expires_at > latest then latest = expires_at end
     end
   end
-  local latest = 0
-  if not keeps_unreadable then latest = math.floor(last_token(key) / 1000) end
-  for _, record in pairs(holders) do
-    local expires_at = parse(record)
-    if not expires_at then
-      if not absent[key] then redis.call("PERSIST", key) end
-      return
-    end
-    if expires_at > latest then latest = expires_at end
+  for _, line in ipairs(lock.kept) do table.insert(lines, line) end
+  if #lines == 0 or (#lines == 1 and lock.waits and #lock.kept == 0) then
+    if lock.existed then redis.call("DEL", key) end
+    lock.existed = false
+    return
   end
-  if keeps_unreadable then
+  lock.existed = true
+  local value = table.concat(lines, "\n")
+  if unreadable[key] then
     local left = redis.call("PTTL", key)
-    if left == -1 or clock() + left >= latest + FENCE_RETENTION then return end
+    if left == -1 then lapses = false elseif left > 0 then latest = math.max(latest, clock() + left) end
   end
-  redis.call("PEXPIREAT", key, latest + FENCE_RETENTION)
+  if not lapses then
+    redis.call("SET", key, value)
+    return
+  end
+  if lock.waits then latest = latest + LINE_RETENTION end
+  if now_ms and latest > now_ms then
+    redis.call("SET", key, value, "PX", latest - now_ms)
+  else
+    redis.call("SET", key, value)
+    redis.call("PEXPIREAT", key, latest)
+  end
 end
 
 -- Whether new places are refused because the store lost its data and heals: `refusal`
@@ -319,19 +323,36 @@ end
 -- known to exist): gone, it went with the data since, and this script is the first to
 -- tell. It writes the mark again, so that workers find the loss at their next heartbeat,
 -- and refuses new places for UNHEALED_REFUSAL ms, or until a worker healed the store.
-local function new_places_refused(refusal, mark)
+-- `found`: their values, when the caller read them already.
+local function new_places_refused(refusal, mark, found)
   if not refusal then return false end
-  if not mark then return redis.call("EXISTS", refusal) == 1 end
-  -- One look at both: a refusal refuses, the mark alone is the usual answer, neither a loss.
-  local found = redis.call("MGET", refusal, mark)
+  if not found then
+    if not mark then return redis.call("EXISTS", refusal) == 1 end
+    -- One look at both: a refusal refuses, the mark alone is the usual answer, neither a loss.
+    found = redis.call("MGET", refusal, mark)
+  end
   if found[1] then return true end
-  if not found[2] then
-    local _, now_us = clock()
-    redis.call("SET", mark, "lost at " .. now_us)
-    redis.call("SET", refusal, "lost at " .. now_us, "PX", UNHEALED_REFUSAL)
+  if mark and not found[2] then
+    local _, now = clock()
+    redis.call("SET", mark, "lost at " .. now)
+    redis.call("SET", refusal, "lost at " .. now, "PX", UNHEALED_REFUSAL)
     return true
   end
   return false
+end
+
+-- Reads, in one MGET, the lock at KEYS[1] and the keys of its hash slot that the script was
+-- given from KEYS[first] on: the fence counter, the format marker, the refusal and the mark
+-- (new_places_refused; the last two may be left out). Opens the slot (open_slot); returns the
+-- lock's value and whether new places are refused.
+local function read_for_place(keys, first)
+  local wanted = {keys[1]}
+  for i = first, #keys do table.insert(wanted, keys[i]) end
+  local found = redis.call("MGET", unpack(wanted))
+  open_slot(keys[first], keys[first + 1], {found[2], found[3]})
+  local refused = false
+  if keys[first + 2] then refused = new_places_refused(keys[first + 2], keys[first + 3], {found[4], found[5]}) end
+  return found[1], refused
 end
 
 -- Takes one of the `limit` places of the lock for `owner`, or keeps the place
@@ -342,20 +363,22 @@ end
 -- `holders` and `count` are the lock's live holders (live_holders), updated here.
 local function take_place(key, owner, limit, ttl, extend, holder, refused, holders, count)
   reject_unreadable(key)
-  local now, now_us = clock()
+  local now = clock()
   local expires_at = nil
   if ttl > 0 then expires_at = now + ttl + extend end
 
   local token, acquired_at
   local current = holders[owner]
   if current then
-    local current_expiry
-    current_expiry, token, acquired_at = parse(current)
+    local current_expiry, _, current_holder
+    current_expiry, token, acquired_at, current_holder = parse(current)
     if current_expiry == nil or expires_at == nil then
       expires_at = nil
     else
       expires_at = math.max(current_expiry, expires_at)
     end
+    -- A place its line handed keeps saying so until its message starts.
+    if was_handed(current_holder) then holder = mark_handed(holder) end
   else
     if count >= limit then
       local reply = {0}
@@ -379,31 +402,27 @@ local function take_place(key, owner, limit, ttl, extend, holder, refused, holde
     if refused then
       return {-2}
     end
-    -- Tokens follow the server clock in microseconds, so they keep
-    -- increasing even after the key (and its fence) went with its last holder.
-    token = math.max(last_token(key) + 1, now_us)
+    token = new_token()
     acquired_at = now
-    write_lock_field(key, FENCE, string.format("%d", token))
     count = count + 1
   end
 
-  local record = format_record(expires_at, token, acquired_at, share_names(key, count - 1, holder))
+  local record = format_record(expires_at, token, acquired_at, holder)
   write_holder(key, owner, record)
   holders[owner] = record
   return {1, token, expires_at or 0}, count
 end
 
-local function acquire(key, owner, limit, ttl, extend, holder, refused)
-  local holders, count = live_holders(key)
-  local reply, taken = take_place(key, owner, limit, ttl, extend, holder, refused, holders, count)
-  expire_with_holders(key, holders, taken or count)
+local function acquire(key, owner, limit, ttl, extend, holder, refused, value)
+  local holders, count = live_holders(key, false, value)
+  local reply = take_place(key, owner, limit, ttl, extend, holder, refused, holders, count)
+  expire_with_holders(key)
   return reply
 end
 
 -- Whether a holder's place is recorded as queued: in a run lock, only a place its line handed.
 local function queued(record)
   local _, _, _, holder = parse(record)
-  if string.byte(holder) == JSON then return string.find(holder, '"state":"queued"', 1, true) ~= nil end
   return string.byte(holder) == 113 -- "q"
 end
 
@@ -448,10 +467,13 @@ end
 -- holders. A lock that holds a record this version cannot read hands nothing: its line waits.
 local function hand_over(key, line, holders, count)
   local handed = {}
-  if not line or unreadable[key] then return handed, count end
+  if not line or unreadable[key] or not (locks[key].waits or line.always) then return handed, count end
   while true do
     local head = redis.call("LINDEX", line.list, 0)
-    if not head then break end
+    if not head then
+      set_waits(key, false)
+      break
+    end
     local entry = redis.call("HGET", line.waiters, head)
     -- A waiter that was let go (an operator freed it) or that holds a place already leaves.
     if entry and holders[head] then redis.call("HDEL", line.waiters, head) end
@@ -461,11 +483,12 @@ local function hand_over(key, line, holders, count)
       if not limit then drop_waiter(key, line, head) end
     end
     if limit then
-      if count >= limit then break end
-      local now, now_us = clock()
-      local token = math.max(last_token(key) + 1, now_us)
-      write_lock_field(key, FENCE, string.format("%d", token))
-      local record = format_record(nil, token, now, share_names(key, count, holder))
+      if count >= limit then
+        set_waits(key, true)
+        break
+      end
+      local token = new_token()
+      local record = format_record(nil, token, clock(), mark_handed(holder))
       write_holder(key, head, record)
       holders[head] = record
       count = count + 1
@@ -519,9 +542,10 @@ end
 -- Puts message `id` at the end of the lock's line. Returns {3, its place in the line, the id
 -- of the waiter whose place it took when the line was full and the newest `keeps_latest`
 -- (else "")}, or {-4} when the line is full.
-local function join(line, id, entry, line_limit, keeps_latest)
+local function join(key, line, id, entry, line_limit, keeps_latest)
   -- A message that waits again (a retry that met the lock) starts again as the copy handed next.
   redis.call("ZREM", line.served, id)
+  set_waits(key, true)
   local size = redis.call("LLEN", line.list)
   if size < line_limit then
     redis.call("RPUSH", line.list, id)
@@ -545,10 +569,13 @@ end
 -- the line. A conflict names the holders after join's reply (a full line: {-4, holders}); a
 -- message meeting a place of its own (a redelivery meeting its earlier attempt) never joins.
 -- Returns the reply, the messages handed a place, and the lock's holders and their count.
+-- `value`: the lock's value, read with the slot's keys (read_for_place).
 local function take_or_wait(key, line, owner, limit, ttl, extend, holder, refused, mode, copy, entry, line_limit,
-                            keeps_latest)
+                            keeps_latest, value)
   local id = message_id(owner, holder)
-  local holders, count = live_holders(key)
+  local holders, count = live_holders(key, false, value)
+  -- A lock whose key lapsed forgot that its line waits: a step of the line's own looks at it.
+  line.always = true
   reject_unreadable(key)
   local handed
   handed, count = hand_over(key, line, holders, count)
@@ -591,7 +618,7 @@ local function take_or_wait(key, line, owner, limit, ttl, extend, holder, refuse
       if reply[i] == id then own = true end
     end
     if not own then
-      local joined = join(line, id, entry, line_limit, keeps_latest)
+      local joined = join(key, line, id, entry, line_limit, keeps_latest)
       for i = 2, #reply do table.insert(joined, reply[i]) end
       reply = joined
     end
@@ -606,24 +633,41 @@ end
 -- held none (a lapsed place that no script dropped yet counts as none), and the messages
 -- handed a place.
 local function release_place(key, line, owner, stays_waiting)
-  local holders, count = live_holders(key)
+  local value = redis.call("GET", key)
+  if value and not string.find(value, "\n", 1, true) then
+    -- Nearly every release: the last holder of a lock without a line. The key goes, with no
+    -- clock read: it expires with this place, so a place found is one that has not lapsed.
+    local escaped = escape(owner)
+    if string.sub(value, 1, #escaped + 1) == escaped .. "|" then
+      local _, token, _, held = parse(string.sub(value, #escaped + 2))
+      if token and readable_holder(held) then
+        redis.call("DEL", key)
+        if line and not stays_waiting and was_handed(held) then
+          redis.call("HDEL", line.waiters, message_id(owner, held))
+        end
+        return 1, {}
+      end
+    end
+  end
+  local holders, count = live_holders(key, false, value)
+  local waits = locks[key].waits
   local removed = 0
   local record = holders[owner]
   if record then
     write_holder(key, owner, false)
     holders[owner] = nil
     count, removed = count - 1, 1
-    if line and not stays_waiting then
-      local _, _, _, held = parse(record)
+    local _, _, _, held = parse(record)
+    if line and not stays_waiting and (waits or was_handed(held)) then
       redis.call("HDEL", line.waiters, message_id(owner, held))
     end
-  elseif line and redis.call("LREM", line.list, 0, owner) > 0 then
+  elseif line and waits and redis.call("LREM", line.list, 0, owner) > 0 then
     -- It waited without a place (a send whose answer was lost, given up): it leaves the line.
     redis.call("HDEL", line.waiters, owner)
   end
   local handed
   handed, count = hand_over(key, line, holders, count)
-  expire_with_holders(key, holders, count)
+  expire_with_holders(key)
   return removed, handed
 end
 
@@ -632,7 +676,7 @@ local function release(key, owner)
 end
 
 -- Renews a lease: pushes `owner`'s expiry back to `ttl` ms from now, never past `deadline`
--- (0: none) and never earlier than it was. Owner-checked. Writes the lock's changes (flush),
+-- (0: none) and never earlier than it was. Owner-checked. Writes the lock's changes,
 -- so that a script may renew the leases of many locks, one after the other.
 -- Returns the new expiry, 0 for a place that never lapses, -1 when owner holds no place.
 local function renew_place(key, owner, ttl, deadline)
@@ -640,7 +684,7 @@ local function renew_place(key, owner, ttl, deadline)
   local holders, count, kept = live_holders(key, true)
   local record = holders[owner]
   if not record then
-    expire_with_holders(key, holders, count + kept)
+    expire_with_holders(key)
     return -1
   end
   local expires_at, token, acquired_at, holder = parse(record)
@@ -654,6 +698,6 @@ local function renew_place(key, owner, ttl, deadline)
       holders[owner] = record
     end
   end
-  expire_with_holders(key, holders, count + kept)
+  expire_with_holders(key)
   return expires_at or 0
 end

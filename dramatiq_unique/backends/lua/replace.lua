@@ -2,15 +2,15 @@
 -- of the oldest holder that is still queued and replaceable (never one that runs) and
 -- remembers that holder in the replaced set, so it is skipped when it starts.
 -- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set, KEYS[3]: the deadline of a series of
--- debounced sends (one digest, one hash slot);
--- KEYS[4], KEYS[5]: the refusal and the mark (new_places_refused), or none.
+-- debounced sends (one digest, one hash slot); KEYS[4] on: the keys of its hash slot
+-- (read_for_place).
 -- ARGV: owner, limit, ttl in ms (0: never lapses), extend in ms, holder, replaced set TTL in ms,
 -- debounce cap in ms (0: not debounced).
 -- Returns acquire's reply; a new place adds the replaced owner (false: none) and, when debounced,
 -- the ms within which it is due at the latest.
 local key, replaced_key, owner, limit = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
-local refused = new_places_refused(KEYS[4], KEYS[5])
-local holders, count = live_holders(key)
+local value, refused = read_for_place({key, unpack(KEYS, 4)}, 2)
+local holders, count = live_holders(key, false, value)
 reject_unreadable(key) -- before a holder is replaced
 local held_before = holders[owner] ~= nil
 local victim = nil
@@ -24,12 +24,15 @@ if count >= limit and not held_before and not refused then
     end
   end
   if victim then
-    redis.call("HDEL", key, holder_field(victim))
+    write_holder(key, victim, false)
+    holders[victim] = nil
+    count = count - 1
     redis.call("SADD", replaced_key, victim)
     redis.call("PEXPIRE", replaced_key, tonumber(ARGV[6]))
   end
 end
-local reply = acquire(key, owner, limit, tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], refused)
+local reply = take_place(key, owner, limit, tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], refused, holders, count)
+expire_with_holders(key)
 if reply[1] ~= 1 or held_before then return reply end
 reply[4] = victim or false
 local cap = tonumber(ARGV[7])

@@ -3,7 +3,7 @@
 -- enqueue lock's place, in one step (until_and_while_executing).
 -- KEYS[1]: the enqueue lock, KEYS[2]: the run lock, KEYS[3]: the replaced set; KEYS[4], KEYS[5]:
 -- the lists of their lines, KEYS[6], KEYS[7]: the digest's waiters and served copies (line_at);
--- one digest, one hash slot. KEYS[8], KEYS[9]: the refusal and the mark (new_places_refused), or none.
+-- one digest, one hash slot. KEYS[8] on: the keys of its hash slot (read_for_place).
 -- ARGV: enqueue owner, run owner, limit, ttl in ms (0: never lapses), holder, the copy of the
 -- message (served_before), and when the message waits in the run lock's line if every place is taken:
 -- "start", its waiter entry, the line limit, "1" when the newest keeps the last place of a full line.
@@ -18,24 +18,23 @@ if redis.call("SREM", KEYS[3], ARGV[1]) == 1 then
   return {{-1}, handed, dropped}
 end
 if ARGV[6] ~= "" then
-  local place = redis.call("HGET", KEYS[1], holder_field(ARGV[1]))
+  local place = live_holders(KEYS[1])[ARGV[1]]
   if served_before(enqueue_line, ARGV[1], ARGV[6]) or handed_to_another(enqueue_line, ARGV[1], place, ARGV[6]) then
     return {{-3}, {}, {}}
   end
 end
-local refused = new_places_refused(KEYS[8], KEYS[9])
-local reply, handed, holders, count
+local value, refused = read_for_place({KEYS[2], unpack(KEYS, 8)}, 2)
+local reply, handed
 if ARGV[7] == "start" then
-  reply, handed, holders, count = take_or_wait(
+  reply, handed = take_or_wait(
     KEYS[2], line_at(KEYS[5], KEYS[6], KEYS[7]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), 0, ARGV[5],
-    refused, "start", ARGV[6], ARGV[8], tonumber(ARGV[9]), ARGV[10] == "1")
+    refused, "start", ARGV[6], ARGV[8], tonumber(ARGV[9]), ARGV[10] == "1", value)
 else
-  local taken
-  holders, count = live_holders(KEYS[2])
-  reply, taken = take_place(KEYS[2], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), 0, ARGV[5], refused, holders, count)
-  count, handed = taken or count, {}
+  local holders, count = live_holders(KEYS[2], false, value)
+  reply = take_place(KEYS[2], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), 0, ARGV[5], refused, holders, count)
+  handed = {}
 end
-expire_with_holders(KEYS[2], holders, count)
+expire_with_holders(KEYS[2])
 if reply[1] == 1 then serve(enqueue_line, ARGV[1], ARGV[6]) end
 if reply[1] == 1 or reply[1] == 3 then
   local _, more = release_place(KEYS[1], enqueue_line, ARGV[1], reply[1] == 3)
