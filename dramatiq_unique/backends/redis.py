@@ -326,14 +326,13 @@ class RedisBackend(LockBackend):
         waiter: Waiter | None = None,
         starting: str | None = None,
     ) -> Acquisition:
-        refusal = () if healing else self._refusal_keys(key)
+        slot = self._place_keys(key, healing=healing)
         args = [owner, limit, ttl or 0, extend, holder.encode(owner)]
         if waiter is None:
-            return _acquisition(self._call("acquire", [key, *self._slot_keys(key)], args, refusal=refusal))
+            return _acquisition(self._call("acquire", [key], args, slot=slot))
         mode = "send" if starting is None else "start"
         args += [mode, starting or "", *_waiter_args(waiter, holder, limit)]
-        keys = [key, *_line_keys(key), *self._slot_keys(key)]
-        reply, handed, dropped = self._call("line", keys, args, refusal=refusal)
+        reply, handed, dropped = self._call("line", [key, *_line_keys(key)], args, slot=slot)
         self._hand_over(handed, dropped)
         return _acquisition(reply)
 
@@ -355,16 +354,18 @@ class RedisBackend(LockBackend):
         # script's keys must share one. A key of another kind than a lock's has no line,
         # where the script takes four keys a place: it is released on its own.
         released = [False] * len(places)
-        groups: dict[int, list[int]] = {}
+        # The locks of one lock prefix: a call reads and writes the last token of one prefix.
+        groups: dict[tuple[int, str | None], list[int]] = {}
         cluster = _is_cluster(self.client)
         for i, (key, owner) in enumerate(places):
             if lock_kind(key) is None:
                 released[i] = self.release(key, owner)
             else:
-                groups.setdefault(self.client.keyslot(key) if cluster else 0, []).append(i)  # type: ignore[union-attr]
+                slot = self.client.keyslot(key) if cluster else 0  # type: ignore[union-attr]
+                groups.setdefault((slot, prefix_of(key)), []).append(i)
         for group in groups.values():
-            keys = [key for i in group for key in (places[i][0], *_line_keys(places[i][0]))]
-            keys += self._slot_keys(places[group[0]][0])
+            keys = self._slot_keys(places[group[0]][0])
+            keys += [key for i in group for key in (places[i][0], *_line_keys(places[i][0]))]
             reply, handed, dropped = self._call("release_many", keys, [places[i][1] for i in group])
             for i, answer in zip(group, reply, strict=True):
                 released[i] = bool(answer)
@@ -386,9 +387,9 @@ class RedisBackend(LockBackend):
     ) -> Acquisition:
         reply = self._call(
             "replace",
-            [key, replaced_key, debounce_key(key), *self._slot_keys(key)],
+            [key, replaced_key, debounce_key(key)],
             [owner, limit, ttl or 0, extend, holder.encode(owner), REPLACED_TTL, debounce_cap or 0],
-            refusal=() if healing else self._refusal_keys(key),
+            slot=self._place_keys(key, healing=healing),
         )
         return _acquisition(reply)
 
@@ -436,10 +437,9 @@ class RedisBackend(LockBackend):
                 line_key(acquire_key),
                 waiters_key(release_key),
                 served_key(release_key),
-                *self._slot_keys(acquire_key),
             ],
             args,
-            refusal=self._refusal_keys(acquire_key),
+            slot=self._place_keys(acquire_key),
         )
         self._hand_over(handed, dropped)
         return _acquisition(reply)
@@ -604,6 +604,11 @@ class RedisBackend(LockBackend):
             tag = _slot_tags()[key_slot(key.encode())]
             return [fence_key(prefix, tag), format_key(prefix, tag)]
         return [fence_key(prefix), format_key(prefix)]
+
+    def _place_keys(self, key: str, *, healing: bool = False) -> list[str]:
+        """The keys a script that takes a new place in the lock at ``key`` reads with it: those of
+        its hash slot, then the refusal and the mark (none for the healing's own places)."""
+        return [*self._slot_keys(key), *(() if healing else self._refusal_keys(key))]
 
     def _lock_keys(self, key: str) -> list[str]:
         """The lock at ``key``, the keys of its line and of its hash slot: those of a script that
@@ -770,26 +775,28 @@ class RedisBackend(LockBackend):
         return [{_text(field): int(count) for field, count in fields.items()} for fields in contents]
 
     def _call(
-        self, script: str, keys: list[str], args: list[Any], *, writes: bool = True, refusal: Sequence[str] = ()
+        self, script: str, keys: list[str], args: list[Any], *, writes: bool = True, slot: Sequence[str] = ()
     ) -> Any:
         """Run the script named ``script`` in one round trip; a script that ``writes`` also waits for
-        ``min_replicas`` replicas in that round trip. ``refusal``: the keys a script that takes
-        a place checks last (see _refusal_keys)."""
+        ``min_replicas`` replicas in that round trip. ``slot``: the keys of the hash slot that a
+        script taking a place reads last (see _place_keys)."""
         deadline = None
         while True:
-            if refusal and self._moving(keys[0]):
+            if slot and self._moving(keys[0]):
                 # A slot moving between masters answers TRYAGAIN to a script whose keys are not all
-                # on one side, and the refusal key seldom exists: it is looked at alone (a redirect
-                # is followed for one key), and the script runs without it.
-                if self._exists(refusal[0]):
+                # on one side. The refusal key seldom exists: it is looked at alone (a redirect is
+                # followed for one key), and the script runs without the slot's keys: its tokens
+                # follow the clock alone until the move ends.
+                refusal = slot[2:3]
+                if refusal and self._exists(refusal[0]):
                     raise LockStoreHealing()
-                refusal = ()
+                slot = ()
             try:
                 if writes and self.min_replicas:
-                    return self._call_replicated(script, [*keys, *refusal], args)
-                return self._scripts(script, [*keys, *refusal], args)
+                    return self._call_replicated(script, [*keys, *slot], args)
+                return self._scripts(script, [*keys, *slot], args)
             except (redis.exceptions.ClusterError, redis.exceptions.TryAgainError) as e:
-                if refusal:  # (redis-py's retries of TRYAGAIN end in either error)
+                if slot:  # (redis-py's retries of TRYAGAIN end in either error)
                     self._moving_slots[key_slot(keys[0].encode())] = time.monotonic() + _MOVING_SLOT_SECONDS
                     continue
                 # redis-py gave up on redirects and TRYAGAIN answers, or the cluster is down.
@@ -798,7 +805,7 @@ class RedisBackend(LockBackend):
                     raise _backend_error(e) from e
                 time.sleep(0.05)
             except _REDIS_ERRORS as e:
-                raise self._failed(e, [*keys, *refusal]) from e
+                raise self._failed(e, [*keys, *slot]) from e
 
     def _call_many(self, script: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
         """Run ``script`` once for each ``(keys, args)`` of ``calls``, as :meth:`_call` does; the
