@@ -41,7 +41,7 @@ except ImportError:
 #: Rounds of the worker hooks' measurement, each of hooks.MESSAGES messages.
 HOOKS_ROUNDS = 5
 #: Rounds of the figures measured on every server, the servers in turn within a round.
-ROUNDS = 5
+ROUNDS = 7
 #: Rounds of the figures measured on the first server only (the throughput by worker threads,
 #: while_executing against a mutex, Redis Functions against EVALSHA).
 FIRST_SERVER_ROUNDS = 3
