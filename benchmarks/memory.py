@@ -1,4 +1,4 @@
-"""Redis memory per held lock, and what a released lock leaves (SPEC P4).
+"""Redis memory per held lock, and what a released lock leaves.
 
 LOCKS until_executed enqueue locks of queued RedisBroker messages, taken through the real
 acquire script, then released by the backend's release_many (as a worker's release thread
