@@ -18,6 +18,7 @@ Run: python benchmarks/memory.py  (uses REDIS_URL, else a bundled server)
 from __future__ import annotations
 
 import collections
+import base64
 import hashlib
 import uuid
 from collections.abc import Iterable
@@ -94,6 +95,11 @@ def measured(client: redis.Redis, keys: set[str], locks: int, used_memory: int) 
     return Keys(locks=locks, keys=len(keys) / locks, usage=usage / locks, used_memory=growth / locks, kinds=dict(kinds))
 
 
+def a_digest(number: int) -> str:
+    """A digest as the middleware makes them: 128 bits in base64url."""
+    return base64.urlsafe_b64encode(hashlib.sha256(str(number).encode()).digest()[:16]).rstrip(b"=").decode()
+
+
 def show(client: redis.Redis, key: str) -> str:
     kind = client.type(key)
     value: object = kind
@@ -119,7 +125,7 @@ def measure(url: str, locks: int = LOCKS) -> Figures:
     for start in range(0, locks, BATCH):
         pipe = client.pipeline(transaction=False)
         for i in range(start, start + BATCH):
-            digest = hashlib.sha256(str(i).encode()).hexdigest()
+            digest = a_digest(i)
             message_id = str(uuid.uuid4())
             holder = Holder(
                 message_id=message_id,
@@ -131,12 +137,13 @@ def measure(url: str, locks: int = LOCKS) -> Figures:
             )
             key = enqueue_key(PREFIX, digest)
             # The arguments of RedisBackend.acquire, pipelined: 100,000 round trips would take minutes.
-            backend._scripts.pipeline_call(pipe, "acquire", [key], [message_id, 1, 0, 0, holder.encode(message_id)])
+            keys = [key, *backend._place_keys(key)]
+            backend._scripts.pipeline_call(pipe, "acquire", keys, [message_id, 1, 0, 0, holder.encode(message_id)])
             owners[key] = message_id
         pipe.execute()
     held_keys = scan(client) - before_keys
     held = measured(client, held_keys, locks, before)
-    first = enqueue_key(PREFIX, hashlib.sha256(b"0").hexdigest())
+    first = enqueue_key(PREFIX, a_digest(0))
     example = {key: show(client, key) for key in sorted(held_keys) if key.startswith(first)}
     for chunk in chunks(list(owners)):
         backend.release_many([(key, owners[key]) for key in chunk])

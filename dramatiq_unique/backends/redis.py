@@ -344,7 +344,7 @@ class RedisBackend(LockBackend):
         return None if handed is None else _bytes(handed)
 
     def release(self, key: str, owner: str) -> bool:
-        reply = self._call("release", self._lock_keys(key), [owner])
+        reply = self._call("release", [key, *self._slot_keys(key)], [owner])
         if isinstance(reply, int):
             return bool(reply)
         released, handed, dropped = reply
@@ -353,8 +353,8 @@ class RedisBackend(LockBackend):
 
     def release_many(self, places: Sequence[tuple[str, str]]) -> list[bool]:
         # One script call for them all; on Redis Cluster one per hash slot, as a
-        # script's keys must share one. A key of another kind than a lock's has no line,
-        # where the script takes four keys a place: it is released on its own.
+        # script's keys must share one. A key of another kind than a lock's has no line nor
+        # lock prefix: it is released on its own.
         released = [False] * len(places)
         # The locks of one lock prefix: a call reads and writes the last token of one prefix.
         groups: dict[tuple[int, str | None], list[int]] = {}
@@ -366,12 +366,15 @@ class RedisBackend(LockBackend):
                 slot = self.client.keyslot(key) if cluster else 0  # type: ignore[union-attr]
                 groups.setdefault((slot, prefix_of(key)), []).append(i)
         for group in groups.values():
-            keys = self._slot_keys(places[group[0]][0])
-            keys += [key for i in group for key in (places[i][0], *_line_keys(places[i][0]))]
-            reply, handed, dropped = self._call("release_many", keys, [places[i][1] for i in group])
+            keys = [*self._slot_keys(places[group[0]][0]), *(places[i][0] for i in group)]
+            reply = self._call("release_many", keys, [places[i][1] for i in group])
+            handed, dropped = [], []
+            if reply and isinstance(reply[0], list):
+                reply, handed, dropped = reply
             for i, answer in zip(group, reply, strict=True):
                 released[i] = bool(answer)
-            self._hand_over(handed, dropped)
+            if handed or dropped:
+                self._hand_over(handed, dropped)
         return released
 
     def replace(
@@ -400,7 +403,7 @@ class RedisBackend(LockBackend):
     ) -> str:
         reply, handed, dropped = self._call(
             "claim",
-            [key, replaced_key or f"{key}:replaced", *_line_keys(key), *self._slot_keys(key)],
+            [key, replaced_key or f"{key}:replaced", *self._slot_keys(key)],
             [
                 owner,
                 "release" if release else "run",
@@ -1211,7 +1214,9 @@ def _waiter_args(waiter: Waiter, holder: Holder, limit: int) -> list[Any]:
     return [entry, waiter.line_limit, "1" if waiter.keeps_latest else ""]
 
 
-def _acquisition(reply: list[Any]) -> Acquisition:
+def _acquisition(reply: list[Any] | int) -> Acquisition:
+    if isinstance(reply, int):
+        return Acquisition(acquired=True, token=reply)  # a new place that never lapses
     if reply[0] == -2:
         raise LockStoreHealing()
     if reply[0] == -1:
