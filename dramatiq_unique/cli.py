@@ -27,6 +27,7 @@ from dramatiq import Actor, Broker
 from .activity import read_activity
 from .backends import LockBackend, RedisBackend
 from .default_backend import URL_VARIABLE
+from .digest import DIGEST_LENGTH
 from .errors import InvalidBackendOptions, LineNeedsBroker, LockArgumentsError, LockBackendError
 from .held import LockInfo
 from .keys import digest_of
@@ -649,7 +650,7 @@ def _held(
             RET_NOT_FOUND,
         )
     if not locks:
-        hint = "" if len(digest) == 64 else " (a digest has 64 hexadecimal characters)"
+        hint = "" if len(digest) == DIGEST_LENGTH else f" (a digest has {DIGEST_LENGTH} characters)"
         raise CommandError(
             f"No lock of digest {digest!r} is held under {prefixes_phrase(context.prefixes)}{hint}.", RET_NOT_FOUND
         )
