@@ -230,3 +230,20 @@ def test_a_send_to_a_lock_key_of_another_type_raises_naming_the_key(redis_client
     assert f"left key {key!r} as it is" in str(raised.value)
     assert ("dramatiq-unique 0.1" in str(raised.value)) == (kind == "hash of 0.1")
     assert redis_client.type(key) == (b"list" if kind == "list" else b"hash")  # as it was
+
+
+@pytest.mark.parametrize("line", ["x|+5|||qe|||a|b|", "x|5|-3||qe|||a|b|", "x|1_0|||qe|||a|b|"])
+def test_the_readers_call_unreadable_what_the_scripts_cannot_read(redis_client, line):
+    # Issue 33: a record whose numbers are not plain digits is one the scripts cannot read (a
+    # send there fails); Locks must say so too, not list it as a holder.
+    # FAILS on the issue 33 code (a bug, left for the code's fix): LockRecord.parse reads the
+    # numbers with int(), which takes a sign, spaces and "_", where holders.lua's parse takes
+    # digits only: Locks lists 'x' as a holder and explain would call the lock taken, while
+    # every send to it fails with LockBackendError.
+    key = plant_foreign(redis_client, FOREIGN, line, with_holder=False)
+    backend = RedisBackend(client=redis_client)
+    holder = Holder("m", "report", "default", "until_executed", "queued")
+    with pytest.raises(LockBackendError):
+        backend.acquire(key, "m", limit=2, ttl=None, holder=holder)
+    locks = Locks(backend)
+    assert list(locks.list()) == [] and list(locks.unreadable) == [key]
