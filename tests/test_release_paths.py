@@ -225,4 +225,4 @@ def test_a_lost_answer_from_the_backend_leaves_no_lock_behind(redis_client):
     assert broker.queues[settle.queue_name].qsize() == 0
     # No lock key stays (issue 33: the last release deletes it); only the slot's last token and
     # format marker, which every lock of the prefix shares.
-    assert sorted(redis_client.keys("dramatiq-unique:*")) == [b"dramatiq-unique:fence", b"dramatiq-unique:format"]
+    assert sorted(redis_client.keys("dramatiq-unique:*")) == [b"dramatiq-unique:format"]
