@@ -16,6 +16,8 @@ import redis
 from dramatiq_unique import InvalidBackendOptions, LockBackendError, LockStoreHealing, RedisBackend, StubBackend
 from dramatiq_unique.backends import Holder, Lease, MessagesInHand
 from dramatiq_unique.backends.base import HELD
+from dramatiq_unique.digest import compute_digest
+from dramatiq_unique.keys import enqueue_key
 
 from .support import pop_script_calls, scan_all
 
@@ -234,44 +236,45 @@ def test_a_debounced_series_is_due_by_its_cap(backend):
 
 def test_redis_records_who_holds_the_lock_with_server_time(redis_client):
     # S3: holder, actor, queue, lock type, state, acquired-at and TTL from the server clock, in a
-    # compact record (issue 11): the token (its millisecond is acquired-at), the TTL, "queued",
-    # until_executed, replaceable, and the actor and queue in "names", which its holders share.
+    # compact record (issue 11, one line of a string since issue 33): the owner, the token (its
+    # millisecond is acquired-at), the TTL, "queued", until_executed, replaceable, actor and queue.
     backend = RedisBackend(client=redis_client)
     acquisition = acquire(backend, "m1", ttl=5_000)
     token = acquisition.token
-    assert redis_client.hgetall(KEY) == {
-        b"fence": str(token).encode(),
-        b"names": b"settle|payments",
-        b"m1": f"{token}||5000|qe+|||||".encode(),
-    }
+    assert redis_client.get(KEY) == f"m1|{token}||5000|qe+|||settle|payments|".encode()
     server_seconds, server_micros = redis_client.time()
     server_now = server_seconds * 1000 + server_micros // 1000
     assert acquisition.expires_at == token // 1000 + 5_000
     assert server_now - 1_000 < token // 1000 <= server_now
-    # The key outlives its holder by the fence retention (issue 9).
-    assert 4_000 < redis_client.pttl(KEY) - backend.fence_retention <= 5_000
+    # The key expires with its holder (issue 33: no fence is kept in it); the slot's counter
+    # keeps the last token.
+    assert 4_000 < redis_client.pttl(KEY) <= 5_000
+    assert redis_client.get("dramatiq-unique:fence") == str(token).encode()
 
 
-def test_redis_keys_keep_only_their_fence_after_their_last_holder(redis_client):
-    # S4: a free lock leaves its last token behind, for the fence retention only (issue 9).
-    backend = RedisBackend(client=redis_client, fence_retention=60_000)
+def test_redis_a_released_lock_leaves_no_key_behind(redis_client):
+    # S4, issue 33: a free lock keeps nothing (0.1 kept its fence for a retention): the key goes
+    # with its last holder; under the prefix are left the slot's token counter and format marker,
+    # which keep no expiry, and the next token is still higher.
+    backend = RedisBackend(client=redis_client)
     token = acquire(backend, "m1").token
     backend.release(KEY, "m1")
-    assert redis_client.keys("*") == [KEY.encode()]
-    assert redis_client.hgetall(KEY) == {b"fence": str(token).encode()}
-    assert 59_000 < redis_client.pttl(KEY) <= 60_000
-    assert redis_client.object("encoding", KEY) in (b"listpack", b"ziplist")  # the compact encoding
+    assert sorted(redis_client.keys("*")) == [b"dramatiq-unique:fence", b"dramatiq-unique:format"]
+    assert redis_client.get("dramatiq-unique:fence") == str(token).encode()
+    assert redis_client.pttl("dramatiq-unique:fence") == redis_client.pttl("dramatiq-unique:format") == -1
+    assert acquire(backend, "m2").token > token
 
 
 def test_redis_releases_for_a_user_denied_dangerous_commands(redis_client, redis_server):
-    # S7: an ACL user without @dangerous (RESTORE is one) still releases; the fence stays.
+    # S7: an ACL user without @dangerous (0.1's compaction used RESTORE, one of them) releases;
+    # the key goes and the next token is still higher.
     redis_client.acl_setuser("locks", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-@dangerous"])
     try:
         client = redis.Redis(host=redis_server.host, port=redis_server.port, username="locks", password="pw")
         backend = RedisBackend(client=client)
         token = acquire(backend, "m1").token
         assert backend.release(KEY, "m1")
-        assert redis_client.hgetall(KEY) == {b"fence": str(token).encode()}
+        assert not redis_client.exists(KEY)
         assert acquire(backend, "m2").token > token
     finally:
         redis_client.acl_deluser("locks")
@@ -296,10 +299,11 @@ def test_redis_runs_the_scripts_as_functions_loaded_once(redis_client):
     [library] = redis_client.function_list(library="dramatiq_unique_*")
     fields = dict(zip(library[::2], library[1::2], strict=True))
     assert fields[b"library_name"].decode() == backend._scripts.scripts.library
-    # Another backend of the same release and options shares it; one of other options has its own.
+    # Another backend of the same release shares it, whatever its options: since issue 33 no
+    # option of a backend goes into the scripts (0.1's fence_retention did).
     RedisBackend(client=redis_client).release(KEY, "m1")
-    acquire(RedisBackend(client=redis_client, fence_retention=1_000), "m4")
-    assert len(redis_client.function_list(library="dramatiq_unique_*")) == 2
+    acquire(RedisBackend(client=redis_client, accepted_eviction_policy="volatile-lru"), "m4")
+    assert len(redis_client.function_list(library="dramatiq_unique_*")) == 1
 
 
 def test_a_new_backend_leaves_the_library_the_server_has_as_it_is(redis_client):
@@ -350,9 +354,9 @@ def test_redis_frees_places_while_the_server_is_out_of_memory(redis_client):
     finally:
         redis_client.config_set("maxmemory", 0)
         redis_client.config_set("maxmemory-policy", policy)
-    assert [redis_client.hkeys(f"dramatiq-unique:{{{owner}}}") for owner in ("m1", "m2", "m3", "m4")] == [
-        [b"fence"]
-    ] * 4
+    # Each place given up left no key behind; the run lock m4 took is held.
+    assert [redis_client.exists(f"dramatiq-unique:{{{owner}}}") for owner in ("m1", "m2", "m3", "m4")] == [0] * 4
+    assert redis_client.get("dramatiq-unique:{m4}:run").startswith(b"m4|")
 
 
 def test_redis_loads_the_functions_again_when_the_server_lost_them(redis_client):
@@ -410,20 +414,16 @@ def test_redis_calls_the_scripts_by_sha_for_a_user_allowed_function_load_but_den
 
 #: The commands the scripts run.
 SCRIPT_COMMANDS = {
-    "exists",  # whether new places are refused while the store heals (with the mark: MGET)
-    "mget",
+    "exists",  # whether new places are refused while the store heals
+    "mget",  # a lock read with its slot's token counter, format marker, refusal and mark
+    "get",
+    "set",
+    "mset",  # the slot's token counter with its format marker, written with its first token
+    "del",  # a lock's last holder left: the key goes (issue 33)
     "time",
-    "hgetall",
-    "hget",
-    "hset",
-    "hdel",
-    "del",
     "pexpireat",
-    "persist",
     "srem",
-    "object|encoding",
-    "dump",
-    "restore",
+    "hdel",
     "lindex",  # the head of the lock's line, looked at by each step that frees a place
     "zscore",  # whether this copy of a message that waited in line started before
 }
@@ -446,7 +446,7 @@ def test_redis_one_script_call_per_transition(redis_client):
     calls.pop("info", None)
     calls.pop("config|resetstat", None)
     assert pop_script_calls(calls) == 3
-    # What is left ran inside the scripts; DUMP and RESTORE compact a lock left with its fence alone.
+    # What is left ran inside the scripts.
     assert set(calls) <= SCRIPT_COMMANDS
 
 
@@ -763,25 +763,37 @@ def test_a_place_gives_back_every_field_of_its_holder(backend):
     }
 
 
-def test_redis_a_held_lock_keeps_the_compact_encoding(redis_backend):
-    # P4 (issue 11): every field of a held until_executed lock is short enough for Redis to keep
-    # the hash as a listpack, a third of a hashtable's memory; after its holders it keeps its fence.
-    key = "dramatiq-unique:{" + "6d26e4e2" * 8 + "}"
+def test_redis_a_held_lock_is_one_short_string_key(redis_backend):
+    # P4 (issue 11; issue 33 replaced 0.1's hash in its compact encoding): a held until_executed
+    # lock is one string key, named in at most 45 characters with the default prefix (a digest of
+    # 22), holding one line per holder, in few bytes more than its value; after its holders, nothing.
+    digest = compute_digest(
+        actor_name="settle_payment",
+        queue_name="payments",
+        lock_args=[["acct-1"], {}],
+        unique_across_actors=False,
+        unique_across_queues=False,
+    )
+    key = enqueue_key("dramatiq-unique", digest)
+    assert len(key) <= 45
+    client = redis_backend.client
     message_ids = [str(uuid.uuid4()) for _ in range(2)]
     for message_id in message_ids:
         holder = Holder(message_id, "settle_payment", "payments", "until_executed", "queued", None, str(uuid.uuid4()))
         assert redis_backend.acquire(key, message_id, limit=2, ttl=600_000, holder=holder).acquired
-    compact = (b"listpack", b"ziplist")  # Redis 7 and later, Redis 6
-    assert redis_backend.client.object("encoding", key) in compact
+    assert client.type(key) == b"string"
+    value = client.get(key)
+    assert [line.partition(b"|")[0] for line in value.split(b"\n")] == [m.encode() for m in message_ids]
+    assert all(len(line) <= 120 for line in value.split(b"\n"))  # a UUID owner, token, TTL and holder
+    assert client.memory_usage(key) <= len(value) + 150
     for message_id in message_ids:
         assert redis_backend.release(key, message_id)
-    assert redis_backend.client.object("encoding", key) in compact
-    assert list(redis_backend.client.hgetall(key)) == [b"fence"]
+    assert not client.exists(key)
 
 
 def test_redis_scripts_read_and_write_a_lock_once(redis_client):
-    # P6 (issue 11): taking a new until_executed lock reads the clock and the hash once and
-    # writes the hash once; its release needs no clock (nothing lapses) and writes once.
+    # P6 (issue 11): taking a new until_executed lock reads the clock and the lock once and
+    # writes the lock once; its release needs no clock (nothing lapses) and writes once.
     backend = RedisBackend(client=redis_client)
     holder = Holder("m1", "settle", "payments", "until_executed", "queued", None, str(uuid.uuid4()))
     assert backend.acquire("dramatiq-unique:{warm}", "m1", limit=1, ttl=None, holder=holder).acquired
@@ -798,23 +810,26 @@ def test_redis_scripts_read_and_write_a_lock_once(redis_client):
         return calls
 
     acquire = inner_calls(lambda: backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder))
-    # One EXISTS: whether the store refuses new places while it heals after a loss of its data.
-    # A new key has no expiry to take away.
-    assert acquire == {"exists": 1, "time": 1, "hgetall": 1, "hset": 1}
+    # One MGET: the lock, with its hash slot's token counter and format marker, and the refusal
+    # that exists while the store heals after a loss of its data. One SET of the lock, one of the
+    # slot's counter.
+    assert acquire == {"mget": 1, "time": 1, "set": 2}
     assert redis_client.pttl(KEY) == -1
+    # The last holder's release needs no clock (a place found has not lapsed: the key expires
+    # with it) and no look at a line (none waits): the key goes (issue 33).
     release = inner_calls(lambda: backend.release(KEY, "m1"))
-    # Besides the hash: its message leaves the waiters of a line (HDEL), and the head of the
-    # lock's line, if any, is handed the place (LINDEX); both keys exist only while messages wait.
-    assert release == {"hgetall": 1, "hdel": 2, "lindex": 1, "object|encoding": 1, "pexpireat": 1}
-    # The key kept its fence, which expires: a holder that never lapses takes that expiry away.
-    again = inner_calls(lambda: backend.acquire(KEY, "m2", limit=1, ttl=None, holder=holder))
-    assert again == {"exists": 1, "time": 1, "hgetall": 1, "hset": 1, "persist": 1}
-    assert redis_client.pttl(KEY) == -1
+    assert release == {"get": 1, "del": 1}
+    assert not redis_client.exists(KEY)
+    again = inner_calls(lambda: backend.acquire(KEY, "m2", limit=1, ttl=60_000, holder=holder))
+    assert again == {"mget": 1, "time": 1, "set": 2}
+    assert 59_000 < redis_client.pttl(KEY) <= 60_000
 
 
-def test_redis_release_compacts_only_a_hash_that_needs_it(redis_client):
-    # P6 (issue 11): a compact enqueue lock (nearly all of them) skips DUMP + RESTORE; a run
-    # lock whose long record made a hashtable of its hash is compacted as before.
+def test_redis_release_of_a_long_record_leaves_no_key_behind(redis_client):
+    # P6 (issue 11; issue 33 dropped 0.1's compaction by DUMP + RESTORE of a hash left with its
+    # fence): an enqueue lock and a run lock whose long record names its message and worker are
+    # given up by deleting their key, with no DUMP nor RESTORE; only the slot's counter and
+    # format marker stay.
     backend = RedisBackend(client=redis_client)
     acquire(backend, "warm")
     backend.release(KEY, "warm")
@@ -822,15 +837,14 @@ def test_redis_release_compacts_only_a_hash_that_needs_it(redis_client):
     holder = Holder("m1", "settle", "payments", "until_executed", "queued", None, str(uuid.uuid4()))
     assert backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder).acquired
     assert backend.release(KEY, "m1")
-    assert "cmdstat_dump" not in redis_client.info("commandstats")
-    # A run lock records its message, which is not its owner, and its worker: longer than 64 bytes.
     running = Holder(str(uuid.uuid4()), "settle", "payments", "while_executing", "running", "worker-host:4242:0a1b2c3d")
     owner = uuid.uuid4().hex
     assert backend.acquire(RUN_KEY, owner, limit=1, ttl=60_000, holder=running).acquired
-    assert redis_client.object("encoding", RUN_KEY) == b"hashtable"
+    assert len(redis_client.get(RUN_KEY)) > 64
     assert backend.release(RUN_KEY, owner)
-    assert redis_client.object("encoding", RUN_KEY) in (b"listpack", b"ziplist")
-    assert redis_client.info("commandstats")["cmdstat_dump"]["calls"] == 1
+    stats = redis_client.info("commandstats")
+    assert "cmdstat_dump" not in stats and "cmdstat_restore" not in stats
+    assert sorted(redis_client.keys("*")) == [b"dramatiq-unique:fence", b"dramatiq-unique:format"]
 
 
 #: What an earlier version recorded: "<expires_at>|<token>|<acquired_at>|<holder JSON>".
