@@ -4,6 +4,7 @@ Redis Cluster (SPEC S1-S5, L8, L10)."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import traceback
@@ -12,14 +13,26 @@ from urllib.parse import quote
 
 import pytest
 import redis
+from dramatiq.brokers.redis import RedisBroker
 
-from dramatiq_unique import InvalidBackendOptions, LockBackendError, LockStoreHealing, RedisBackend, StubBackend
+from dramatiq_unique import (
+    InvalidBackendOptions,
+    LockBackendError,
+    LockStoreHealing,
+    NewerLockFormat,
+    RedisBackend,
+    StubBackend,
+    UniqueJobs,
+    enqueue_outcome,
+)
 from dramatiq_unique.backends import Holder, Lease, MessagesInHand, Waiter
+from dramatiq_unique.backends import redis as redis_backend_module
 from dramatiq_unique.backends.base import HELD
 from dramatiq_unique.digest import compute_digest
 from dramatiq_unique.keys import enqueue_key
+from dramatiq_unique.version import __version__
 
-from .support import pop_script_calls, scan_all
+from .support import Env, pop_script_calls, scan_all
 
 
 def holder(message_id: str, state: str = "queued", *, replaceable: bool = True) -> Holder:
@@ -1246,3 +1259,71 @@ def test_a_release_meeting_a_key_of_its_line_of_another_type_names_that_key(redi
         "use this lock again."
     )
     assert redis_client.get(KEY).startswith(b"~\nA|")  # A keeps its place
+
+
+# The format marker (issue 33) -----------------------------------------------------------------
+
+
+def format_keys(client) -> list[bytes]:
+    """The format markers under the default prefix, on one Redis or on every master of a cluster."""
+    return sorted(client.scan_iter(match="dramatiq-unique:format*"))
+
+
+@pytest.mark.parametrize("policy", ["raise", "allow"])
+@pytest.mark.parametrize("store", ["redis", "cluster"])
+def test_a_lock_store_marked_with_a_newer_format_takes_no_lock(request, monkeypatch, caplog, store, policy):
+    # Issue 33: a fresh store gets "1 <version>" written in the lock's hash slot with its first
+    # lock. A store whose marker says a newer format (a newer dramatiq-unique wrote its locks)
+    # takes no lock from this version: a send raises NewerLockFormat, a LockBackendError (fail
+    # closed), or, with on_backend_error="allow", is enqueued without its lock; either way one
+    # ERROR line names the version that wrote the marker and says to upgrade, and nothing is
+    # written.
+    monkeypatch.setattr(redis_backend_module, "_newer_formats_told", set())  # told once per process
+    redis_client = request.getfixturevalue("redis_client")
+    lock_client = request.getfixturevalue("cluster_client") if store == "cluster" else redis_client
+    broker = RedisBroker(client=redis_client)
+    broker.emit_after("process_boot")
+    backend = RedisBackend(client=lock_client)
+    env = Env("redis", broker, backend, UniqueJobs(backend=backend, on_backend_error=policy))
+    runs = env.run()
+    next(runs)
+    try:
+
+        @env.actor(lock="until_executed")
+        def settle(account):
+            pass
+
+        first = enqueue_outcome(settle.send("acct-1"))
+        key = enqueue_key("dramatiq-unique", first.digest)
+        (marker,) = format_keys(lock_client)
+        assert lock_client.get(marker) == f"1 {__version__}".encode()
+        if store == "cluster":  # one marker per hash slot, beside the locks it serves
+            assert lock_client.keyslot(marker) == lock_client.keyslot(key)
+        else:
+            assert marker == b"dramatiq-unique:format"
+
+        lock_client.delete(key)
+        lock_client.set(marker, "2 9.9.9")
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dramatiq_unique"):
+            for _ in range(2):
+                if policy == "raise":
+                    with pytest.raises(NewerLockFormat) as raised:
+                        settle.send("acct-1")
+                    assert isinstance(raised.value, LockBackendError)
+                    assert "9.9.9" in str(raised.value) and "Upgrade dramatiq-unique" in str(raised.value)
+                else:
+                    outcome = enqueue_outcome(settle.send("acct-1"))
+                    assert (outcome.status, outcome.token) == ("unlocked", None)
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1
+        assert "dramatiq-unique 9.9.9" in errors[0] and "Upgrade dramatiq-unique" in errors[0]
+        assert "'dramatiq-unique'" in errors[0]  # the prefix
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == (0 if policy == "raise" else 2)
+        assert all("without its lock" in line for line in warnings)
+        assert not lock_client.exists(key)
+        assert format_keys(lock_client) == [marker] and lock_client.get(marker) == b"2 9.9.9"
+        assert len(env.seen.enqueues) == (1 if policy == "raise" else 3)
+    finally:
+        next(runs, None)
