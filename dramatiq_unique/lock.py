@@ -373,13 +373,9 @@ class MessageLock:
         if self.holds_enqueue:
             self.holds_enqueue = False
             key, releases = self.enqueue_key, self.releases
-            # The subject is only built for a thread that runs to tell it.
-            if (
-                background
-                and releases is not None
-                and releases.running
-                and releases.hand_over(key, self.message_id, self.subject)
-            ):
+            # The lock itself is handed over: the thread that tells the release builds its event,
+            # and only for a subscriber.
+            if background and releases is not None and releases.hand_over(key, self.message_id, self):
                 return
             try:
                 released = self.backend.release(key, self.message_id)

@@ -31,6 +31,7 @@ import logging
 import threading
 from collections.abc import Callable
 from functools import partial
+from typing import Any, Protocol
 
 from .backends import LockBackend
 from .errors import LockBackendError
@@ -46,8 +47,23 @@ MAX_BATCH = 256
 #: answered before it tries the lock anyway (the backend is failing then).
 SETTLE_TIMEOUT = 5.0
 
-#: A release handed over: the key of the enqueue lock, its owner (the message id), and what to tell.
-_Release = tuple[str, str, EventSubject]
+
+class Released(Protocol):
+    """What a release handed over is about: the message's lock, a :class:`~dramatiq_unique.lock.MessageLock`."""
+
+    @property
+    def actor_name(self) -> str: ...
+
+    @property
+    def message_id(self) -> str: ...
+
+    @property
+    def subject(self) -> EventSubject: ...
+
+
+#: A release handed over: the key of the enqueue lock, its owner (the message id), and what it is
+#: about, whose event is built by the thread that tells it, and only for a subscriber.
+_Release = tuple[str, str, Released]
 
 
 class BackgroundReleases:
@@ -78,66 +94,88 @@ class BackgroundReleases:
         self.events = events
         self.retry = retry
         self.max_batch = max_batch
-        self._changed = threading.Condition(threading.Lock())
+        self._init_state()
+        #: How many batches of releases were answered (or failed) so far: whether the thread gets on.
+        self.answered = 0
+
+    def _init_state(self) -> None:
+        #: Guards the state below; a worker thread holds it only to hand a release over.
+        self._mutex = threading.Lock()
+        #: Where a release thread with nothing to send waits for a release, or for its stop.
+        self._handed = threading.Condition(self._mutex)
+        #: Where a send() waits for the answer to a release of its lock.
+        self._answered = threading.Condition(self._mutex)
         self._waiting: list[_Release] = []
         #: Key -> releases of it handed over and not answered yet.
         self._unsettled: dict[str, int] = {}
-        #: How many batches of releases were answered (or failed) so far: whether the thread gets on.
-        self.answered = 0
         #: The thread that serves now, and the event set when it is to stop once nothing
         #: waits; ``None`` while no thread serves in this process.
         self._serving: tuple[threading.Thread, threading.Event] | None = None
+        #: Whether that thread takes releases: from :meth:`open` until :meth:`close`, or until it
+        #: ends some other way. Read for every message, where ``Thread.is_alive()`` costs more.
+        self._taking = False
+        #: Whether a release thread waits on ``_handed`` with nothing to send: only then does a
+        #: release handed over wake it; an awake thread finds it in ``_waiting`` when its round trip ends.
+        self._asleep = False
 
     @property
     def running(self) -> bool:
         """Whether a thread of this process serves, and takes releases."""
-        serving = self._serving
-        return serving is not None and not serving[1].is_set() and serving[0].is_alive()
+        return self._taking
 
     def open(self, thread: threading.Thread, stopping: threading.Event) -> None:
         """Take releases from now on, for ``thread``, which serves them until
-        ``stopping`` is given to :meth:`close`."""
-        with self._changed:
+        ``stopping`` is given to :meth:`close`. The caller starts ``thread`` right after."""
+        with self._mutex:
             self._serving = (thread, stopping)
+            self._taking = not stopping.is_set()
 
     def close(self, stopping: threading.Event) -> None:
         """Take no more releases: the thread serving until ``stopping`` sends
         what waits, then ends. Later releases are sent by the threads that make them."""
-        with self._changed:
+        with self._mutex:
             stopping.set()
-            self._changed.notify_all()
+            self._stop_taking(stopping)
+            self._handed.notify_all()
+
+    def _stop_taking(self, stopping: threading.Event) -> None:
+        # A thread that stops after a newer one took over leaves the newer one taking.
+        serving = self._serving
+        if serving is not None and serving[1] is stopping:
+            self._taking = False
 
     def reset_after_fork(self) -> None:
         """In a forked child: no thread serves, no release of the parent waits
         here, and the parent's mutex may have been held at the fork."""
-        self._changed = threading.Condition(threading.Lock())
-        self._waiting = []
-        self._unsettled = {}
-        self._serving = None
+        self._init_state()
 
     @property
     def idle(self) -> bool:
         """Whether every release handed over so far has been answered."""
         return not self._unsettled
 
-    def hand_over(self, key: str, owner: str, subject: EventSubject) -> bool:
+    def hand_over(self, key: str, owner: str, about: Released) -> bool:
         """Have the serving thread give up ``owner``'s place in the enqueue lock
         at ``key``, which the message holds no more as far as the caller is concerned.
 
         Parameters:
-          subject(EventSubject): What to tell of the release.
+          about(Released): The message's lock, whose release is told.
 
         Returns:
-          bool: False when no thread serves (the caller asked :attr:`running`
-          before, and it stopped since): the caller releases it itself.
+          bool: False when no thread serves: the caller releases it itself.
         """
-        with self._changed:
-            serving = self._serving
-            if serving is None or serving[1].is_set():
+        if not self._taking:  # read again below: this spares a process without the thread the mutex
+            return False
+        with self._mutex:
+            if not self._taking:
                 return False
-            self._waiting.append((key, owner, subject))
-            self._unsettled[key] = self._unsettled.get(key, 0) + 1
-            self._changed.notify_all()
+            self._waiting.append((key, owner, about))
+            unsettled = self._unsettled
+            unsettled[key] = unsettled.get(key, 0) + 1
+            if self._asleep:
+                # Once: the releases handed over until the thread runs go out in its next batch.
+                self._asleep = False
+                self._handed.notify()
         return True
 
     def settle(self, key: str) -> None:
@@ -148,7 +186,7 @@ class BackgroundReleases:
         """
         if key not in self._unsettled:  # nearly always: no lock taken for nothing
             return
-        with self._changed:
+        with self._mutex:
             mine = [release for release in self._waiting if release[0] == key]
             if mine:
                 self._waiting = [release for release in self._waiting if release[0] != key]
@@ -159,20 +197,31 @@ class BackgroundReleases:
             # The serving thread itself, once a round trip was answered (a message a release
             # handed a place, being enqueued; an event subscriber): nothing of it is in flight.
             return
-        with self._changed:
+        with self._mutex:
             # What is left is in flight in another thread's round trip.
-            self._changed.wait_for(lambda: key not in self._unsettled, timeout=SETTLE_TIMEOUT)
+            self._answered.wait_for(lambda: key not in self._unsettled, timeout=SETTLE_TIMEOUT)
 
     def serve(self, stopping: threading.Event) -> None:
         """Send the releases handed over, as they come, until ``stopping`` is
         set and none waits: the release thread's loop."""
-        while True:
-            with self._changed:
-                self._changed.wait_for(lambda: self._waiting or stopping.is_set())
-                if not self._waiting:
-                    return  # stopping, and nothing left to send
-                batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]
-            self._release(batch)
+        try:
+            while batch := self._next_batch(stopping):
+                self._release(batch)
+        finally:
+            with self._mutex:
+                # However it ends: the releases handed over from now on are sent by the threads that make them.
+                self._stop_taking(stopping)
+
+    def _next_batch(self, stopping: threading.Event) -> list[_Release]:
+        """The next releases to send, once some wait; none once ``stopping`` is set and none waits."""
+        with self._mutex:
+            while not self._waiting and not stopping.is_set():
+                # Cleared by the hand_over() that wakes it. Left set when close() or a spurious
+                # wake-up woke it: a needless notify then costs less than one missed.
+                self._asleep = True
+                self._handed.wait()
+            batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]
+        return batch
 
     def _release(self, batch: list[_Release]) -> None:
         """Send the releases of ``batch``, mark them answered, then tell the
@@ -185,7 +234,7 @@ class BackgroundReleases:
             for key, owner, _ in batch:
                 self.retry(key, owner)
         finally:
-            with self._changed:
+            with self._mutex:
                 self.answered += 1
                 for key, _, _ in batch:
                     left = self._unsettled[key] - 1
@@ -193,14 +242,13 @@ class BackgroundReleases:
                         self._unsettled[key] = left
                     else:
                         del self._unsettled[key]
-                self._changed.notify_all()
+                self._answered.notify_all()
         for emit in events:
             emit()
 
     def _send(self, batch: list[_Release]) -> list[Callable[[], None]]:
         """Send the releases of ``batch``; returns the events to tell about them."""
         places = [(key, owner) for key, owner, _ in batch]
-        notify = self.events.notify_about
         try:
             released = self.backend.release_many(places)
         except LockBackendError as e:
@@ -215,8 +263,12 @@ class BackgroundReleases:
                 first.actor_name,
                 e,
             )
-            return [partial(notify, subject, BACKEND_ERROR, reason="release", error=e) for _, _, subject in batch]
+            return [partial(self._tell, about, BACKEND_ERROR, reason="release", error=e) for _, _, about in batch]
         return [
-            partial(notify, subject, RELEASED if was_held else LAPSED, lock_kind=ENQUEUE)
-            for (_, _, subject), was_held in zip(batch, released, strict=True)
+            partial(self._tell, about, RELEASED if was_held else LAPSED, lock_kind=ENQUEUE)
+            for (_, _, about), was_held in zip(batch, released, strict=True)
         ]
+
+    def _tell(self, about: Released, kind: str, **details: Any) -> None:
+        """Count an event of ``kind`` about a release, and build it only for its subscribers."""
+        self.events.notify(kind, about.actor_name, lambda: about.subject.event(kind, **details))

@@ -226,7 +226,11 @@ class Runtime:
                 if self.releases is not None and self._release_thread is None:
                     thread, stopping = _thread(RELEASE_THREAD, self.releases.serve)
                     self.releases.open(thread, stopping)
-                    thread.start()
+                    try:
+                        thread.start()
+                    except BaseException:
+                        self.releases.close(stopping)  # no thread serves: the worker threads release
+                        raise
                     self._release_thread = (thread, stopping)
 
     def worker_stopped(self, worker: object) -> None:

@@ -21,7 +21,7 @@ from dramatiq_unique import (
     enqueue_outcome,
 )
 from dramatiq_unique import releases as releases_module
-from dramatiq_unique.events import RELEASED
+from dramatiq_unique.events import RELEASED, Events, EventSubject
 
 from .support import Env, pop_script_calls, unique_warnings, wait_for
 
@@ -352,3 +352,111 @@ def test_a_worker_started_while_the_last_one_stops_has_a_release_thread(make_env
     wait_for(lambda: message.message_id in releases.released)
     assert releases.threads[-1] == "dramatiq-unique-releases"
     assert env.middleware.releases.running
+
+
+class GatedReleases(StubBackend):
+    """A StubBackend whose batched releases are recorded, and whose first one waits for ``gate``."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.batches: list[list[str]] = []
+
+    def release_many(self, places):
+        self.batches.append([owner for _, owner in places])
+        self.entered.set()
+        assert self.gate.wait(10)
+        return [False] * len(places)
+
+
+class Finishing:
+    """What a release handed over is about, as a message's lock tells it."""
+
+    def __init__(self, message_id: str):
+        self.actor_name = "settle"
+        self.message_id = message_id
+
+    @property
+    def subject(self):
+        return EventSubject("settle", "default", "digest", self.message_id, "until_executed")
+
+
+def _serving(releases: releases_module.BackgroundReleases, target=None):
+    """A release thread opened and started, as the runtime does; returns it and its stop event."""
+    stopping = threading.Event()
+    thread = threading.Thread(target=target or releases.serve, args=(stopping,), name="releases", daemon=True)
+    releases.open(thread, stopping)
+    thread.start()
+    return thread, stopping
+
+
+def _background_releases(backend) -> releases_module.BackgroundReleases:
+    logger = logging.getLogger("dramatiq_unique")
+    return releases_module.BackgroundReleases(backend, logger=logger, events=Events(logger=logger), retry=None)
+
+
+def test_releases_handed_over_while_the_thread_sends_wake_it_no_more_and_go_out_together():
+    backend = GatedReleases()
+    releases = _background_releases(backend)
+    thread, stopping = _serving(releases)
+    wakes = []
+    notify = releases._handed.notify
+    releases._handed.notify = lambda n=1: (wakes.append(n), notify(n))
+    wait_for(lambda: releases._asleep)
+    assert releases.hand_over("k0", "m0", Finishing("m0"))
+    assert backend.entered.wait(10)
+    for i in range(1, 51):
+        assert releases.hand_over(f"k{i}", f"m{i}", Finishing(f"m{i}"))
+    assert wakes == [1], "a thread at work was woken for releases it finds when its round trip ends"
+    backend.gate.set()
+    wait_for(lambda: releases.idle)
+    assert backend.batches == [["m0"], [f"m{i}" for i in range(1, 51)]]
+    # Asleep again, it is woken by the next release.
+    wait_for(lambda: releases._asleep)
+    assert releases.hand_over("k51", "m51", Finishing("m51"))
+    wait_for(lambda: releases.idle)
+    assert wakes == [1, 1] and backend.batches[-1] == ["m51"]
+    releases.close(stopping)
+    thread.join(10)
+    assert not thread.is_alive() and not releases.running
+    assert not releases.hand_over("k52", "m52", Finishing("m52"))
+
+
+def test_a_release_thread_that_ended_another_way_takes_no_more_releases():
+    class Ended(BaseException):
+        pass
+
+    class Failing(StubBackend):
+        def release_many(self, places):
+            raise Ended()
+
+    releases = _background_releases(Failing())
+
+    def serve_until_it_fails(stopping):
+        with pytest.raises(Ended):
+            releases.serve(stopping)
+
+    thread, _ = _serving(releases, serve_until_it_fails)
+    assert releases.running
+    assert releases.hand_over("k0", "m0", Finishing("m0"))
+    thread.join(10)
+    assert not thread.is_alive()
+    assert not releases.running, "a thread that is gone was still taking releases"
+    assert not releases.hand_over("k1", "m1", Finishing("m1"))
+
+
+def test_a_forked_child_takes_no_release_of_its_parents_thread():
+    releases = _background_releases(GatedReleases())
+    thread, stopping = _serving(releases)
+    wait_for(lambda: releases._asleep)
+    parents = releases._handed
+    releases.reset_after_fork()
+    assert not releases.running and releases.idle and not releases._asleep
+    assert not releases.hand_over("k0", "m0", Finishing("m0"))
+    # The parent's thread, still here in this process unlike in a child: it ends.
+    with parents:
+        stopping.set()
+        parents.notify_all()
+    thread.join(10)
+    assert not thread.is_alive()

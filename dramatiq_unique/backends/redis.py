@@ -22,7 +22,6 @@ from ..keys import (
     digest_keys_start,
     digest_of,
     epoch_key,
-    fence_key,
     format_key,
     in_hand_key,
     line_key,
@@ -345,7 +344,10 @@ class RedisBackend(LockBackend):
         return None if handed is None else _bytes(handed)
 
     def release(self, key: str, owner: str) -> bool:
-        released, handed, dropped = self._call("release", self._lock_keys(key), [owner])
+        reply = self._call("release", self._lock_keys(key), [owner])
+        if isinstance(reply, int):
+            return bool(reply)
+        released, handed, dropped = reply
         self._hand_over(handed, dropped)
         return bool(released)
 
@@ -594,16 +596,15 @@ class RedisBackend(LockBackend):
         return [refusal_key(prefix), epoch_key(prefix)] if self._saw_mark(prefix) else [refusal_key(prefix)]
 
     def _slot_keys(self, key: str) -> list[str]:
-        """The keys of the hash slot of the lock at ``key`` that a script issuing tokens there
-        reads: the last token issued and the format marker (none for a key of another kind, the
-        reaper's and the healer's own locks)."""
+        """The key of the hash slot of the lock at ``key`` that a script issuing tokens there
+        reads: its format key, which keeps the last token issued there (none for a key of
+        another kind, the reaper's and the healer's own locks)."""
         prefix = prefix_of(key)
         if prefix is None:
             return []
         if _is_cluster(self.client):
-            tag = _slot_tags()[key_slot(key.encode())]
-            return [fence_key(prefix, tag), format_key(prefix, tag)]
-        return [fence_key(prefix), format_key(prefix)]
+            return [format_key(prefix, _slot_tags()[key_slot(key.encode())])]
+        return [format_key(prefix)]
 
     def _place_keys(self, key: str, *, healing: bool = False) -> list[str]:
         """The keys a script that takes a new place in the lock at ``key`` reads with it: those of
@@ -787,7 +788,7 @@ class RedisBackend(LockBackend):
                 # on one side. The refusal key seldom exists: it is looked at alone (a redirect is
                 # followed for one key), and the script runs without the slot's keys: its tokens
                 # follow the clock alone until the move ends.
-                refusal = slot[2:3]
+                refusal = slot[1:2]
                 if refusal and self._exists(refusal[0]):
                     raise LockStoreHealing()
                 slot = ()

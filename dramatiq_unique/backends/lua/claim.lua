@@ -2,7 +2,7 @@
 -- A queued holder starts running: it gives up its place ("release") or keeps
 -- it, now recorded as running ("run").
 -- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set, KEYS[3], KEYS[4], KEYS[5]: its line
--- (line_at); KEYS[6], KEYS[7]: the fence and the format of its hash slot (open_slot); one
+-- (line_at); KEYS[6]: the format key of its hash slot (open_slot); one
 -- digest, one hash slot.
 -- ARGV: owner, "release" or "run", holder (for "run"), the copy of the message (served_before),
 -- "1" when a newer message may have taken the owner's place (its actor replaces queued holders).
@@ -12,7 +12,7 @@
 -- message gives up any place it took again since (a delayed copy or a retry coming due).
 local key, owner = KEYS[1], ARGV[1]
 local line = line_at(KEYS[3], KEYS[4], KEYS[5])
-open_slot(KEYS[6], KEYS[7])
+open_slot(KEYS[6])
 if ARGV[5] == "1" and redis.call("SREM", KEYS[2], owner) == 1 then
   local _, handed = release_place(key, line, owner, false)
   return {-1, handed, dropped}

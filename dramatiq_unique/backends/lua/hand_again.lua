@@ -1,14 +1,14 @@
 -- The orphan reaper enqueues again a message that a line handed a place and that never reached
 -- the broker: the place, while it is still exactly `record` and its message waits, gets a new
 -- token, so that the copy first handed it, if it reaches a worker after all, does not take it.
--- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at); KEYS[5], KEYS[6]: the fence
--- and the format of its hash slot (open_slot). ARGV: owner, record.
+-- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at); KEYS[5]: the format key of
+-- its hash slot (open_slot). ARGV: owner, record.
 -- Returns {"<token>\n<message>" as hand_over answers it, or false when the place changed or
 -- went, its message started, its waiter entry could not be read (then it is dropped: the next
 -- run of the reaper frees the place) or the lock holds a record this version cannot read; the
 -- waiters dropped (hand_over)}.
 local key, line, owner = KEYS[1], line_at(KEYS[2], KEYS[3], KEYS[4]), ARGV[1]
-open_slot(KEYS[5], KEYS[6])
+open_slot(KEYS[5])
 local holders = live_holders(key, true)
 local record = holders[owner]
 local answer = false

@@ -16,10 +16,10 @@
 -- its message_id. The key expires with its longest-lived holder and goes with its last one.
 --
 -- Fencing tokens follow the server's clock in microseconds and, through a clock that steps back,
--- the last token issued in the lock's hash slot: a counter per slot under the lock prefix (its
--- fence key), so a lock keeps nothing once its last holder left. The slot's format key holds the
--- format of the records under the prefix, "<FORMAT> <version that wrote it>": a process finds a
--- newer format in the read it makes anyway, and refuses to write.
+-- the last token issued in the lock's hash slot, which the slot's format key under the lock
+-- prefix keeps: a lock keeps nothing once its last holder left. That key holds
+-- "<FORMAT> <version that wrote it> <last token>": a process finds another format in the read
+-- it makes anyway, and refuses to write.
 --
 -- RedisBackend defines, in front of this file: FORMAT, the format of this file's records, and
 -- WRITER, the version that writes them; LINE_RETENTION (ms): how long a lock whose line has
@@ -28,6 +28,7 @@
 -- data gone, unless a worker heals it sooner or keeps refusing while it does.
 
 local WAITS = "~" -- the first line of a lock whose line has messages waiting
+local NOTHING = {} -- no message handed a place: never written to
 local HANDED = 42 -- "*", the last flag of a holder whose place a line handed it
 
 -- `text` as a record holds it: "%", "|" and newlines escaped.
@@ -64,9 +65,8 @@ local locks = {}
 local unreadable = {}
 -- The waiters whose entry could not be read, dropped from their line: lock key, message id, ...
 local dropped = {}
--- The keys of the hash slot of the locks this script takes places in (open_slot): the fence
--- counter and the format marker, the last token issued there (nil: not read yet), whether the
--- format marker is missing, and whether a token was issued.
+-- The hash slot's format key of the locks this script takes places in (open_slot), the last
+-- token issued there (nil: not read yet), and whether a token was issued.
 local slot = nil
 
 -- Forgets the clock read and the locks read by an earlier call: a library of Redis
@@ -80,24 +80,27 @@ local function refuse_format(found)
   error({err = "FORMAT " .. found})
 end
 
--- Whether a format marker is one this file may write beside: its own format.
-local function check_format(found)
-  if not found then return end
-  local format = tonumber(string.match(found, "^(%d+) "))
-  if format ~= FORMAT then refuse_format(found) end
+-- The format key's value written by this file, less the last token: "<FORMAT> <WRITER> ".
+local OWN_FORMAT = FORMAT .. " " .. WRITER .. " "
+local OWN_NUMBER = FORMAT .. " "
+
+-- The last token of a format key's value `found` (false: absent), which must be of this
+-- file's format, whichever version wrote it.
+local function last_token(found)
+  if not found then return 0 end
+  if string.sub(found, 1, #OWN_NUMBER) ~= OWN_NUMBER then refuse_format(found) end
+  local token = tonumber(string.match(found, "(%d+)$"))
+  if not token then refuse_format(found) end
+  return token
 end
 
--- The hash slot's keys: `fence`, the counter of its last token, and `format`, its format marker
--- (nil for both: a script that issues no new token, or only where a line waits). `values` are
--- their values if the caller read them already (false: absent).
-local function open_slot(fence, format, values)
-  if not fence then return end
-  slot = {fence = fence, format = format}
-  if values then
-    slot.last = tonumber(values[1]) or 0
-    check_format(values[2])
-    slot.unmarked = not values[2]
-  end
+-- The hash slot's format key `format`: "<format> <version that wrote it> <last token issued in
+-- the slot>" (nil: a script that issues no new token, or only where a line waits). `found` is
+-- its value if the caller read it already (false: absent).
+local function open_slot(format, found)
+  if not format then return end
+  slot = {format = format}
+  if found ~= nil then slot.last = last_token(found) end
 end
 
 -- A new fencing token: the clock in microseconds, or one more than the slot's last token when
@@ -106,26 +109,21 @@ local function new_token()
   local _, now = clock()
   -- A lock of the library's own (the reaper's, the healing's) is in no lock prefix's slot.
   if not slot then return now end
-  if slot.last == nil then
-    local found = redis.call("MGET", slot.fence, slot.format)
-    slot.last = tonumber(found[1]) or 0
-    check_format(found[2])
-    slot.unmarked = not found[2]
-  end
+  if slot.last == nil then slot.last = last_token(redis.call("GET", slot.format)) end
   local token = math.max(slot.last + 1, now)
   slot.last, slot.issued = token, true
   return token
 end
 
--- Writes the slot's last token, and its format marker where it had none.
+-- The format key's value after this script: this file's format and the last token.
+local function slot_value()
+  return OWN_FORMAT .. string.format("%d", slot.last)
+end
+
+-- Writes the slot's last token, with this file's format.
 local function close_slot()
   if not (slot and slot.issued) then return end
-  if slot.unmarked then
-    redis.call("MSET", slot.fence, string.format("%d", slot.last), slot.format, FORMAT .. " " .. WRITER)
-    slot.unmarked = false
-  else
-    redis.call("SET", slot.fence, string.format("%d", slot.last))
-  end
+  redis.call("SET", slot.format, slot_value())
   slot.issued = false
 end
 
@@ -342,16 +340,15 @@ local function new_places_refused(refusal, mark, found)
 end
 
 -- Reads, in one MGET, the lock at KEYS[1] and the keys of its hash slot that the script was
--- given from KEYS[first] on: the fence counter, the format marker, the refusal and the mark
--- (new_places_refused; the last two may be left out). Opens the slot (open_slot); returns the
--- lock's value and whether new places are refused.
+-- given from KEYS[first] on: the format key, the refusal and the mark (new_places_refused; the
+-- last two may be left out, or all three). Opens the slot (open_slot); returns the lock's value
+-- and whether new places are refused.
 local function read_for_place(keys, first)
-  local wanted = {keys[1]}
-  for i = first, #keys do table.insert(wanted, keys[i]) end
-  local found = redis.call("MGET", unpack(wanted))
-  open_slot(keys[first], keys[first + 1], {found[2], found[3]})
+  if not keys[first] then return redis.call("GET", keys[1]), false end
+  local found = redis.call("MGET", keys[1], unpack(keys, first))
+  open_slot(keys[first], found[2])
   local refused = false
-  if keys[first + 2] then refused = new_places_refused(keys[first + 2], keys[first + 3], {found[4], found[5]}) end
+  if keys[first + 1] then refused = new_places_refused(keys[first + 1], keys[first + 2], {found[3], found[4]}) end
   return found[1], refused
 end
 
@@ -414,6 +411,28 @@ local function take_place(key, owner, limit, ttl, extend, holder, refused, holde
 end
 
 local function acquire(key, owner, limit, ttl, extend, holder, refused, value)
+  if not value and limit > 0 then
+    -- Nearly every send: a lock nobody holds. Written as take_place and expire_with_holders
+    -- would, with none of their bookkeeping.
+    if refused then return {-2} end
+    local now = clock()
+    local token = new_token()
+    if ttl > 0 then
+      local expires_at = now + ttl + extend
+      redis.call("SET", key, escape(owner) .. "|" .. format_record(expires_at, token, now, holder), "PX", ttl + extend)
+      close_slot()
+      return {1, token, expires_at}
+    end
+    local record = escape(owner) .. "|" .. format_record(nil, token, now, holder)
+    if slot then
+      -- The lock and the slot's last token in one command.
+      redis.call("MSET", key, record, slot.format, slot_value())
+      slot.issued = false
+    else
+      redis.call("SET", key, record)
+    end
+    return {1, token, 0}
+  end
   local holders, count = live_holders(key, false, value)
   local reply = take_place(key, owner, limit, ttl, extend, holder, refused, holders, count)
   expire_with_holders(key)
@@ -634,19 +653,14 @@ end
 -- handed a place.
 local function release_place(key, line, owner, stays_waiting)
   local value = redis.call("GET", key)
-  if value and not string.find(value, "\n", 1, true) then
-    -- Nearly every release: the last holder of a lock without a line. The key goes, with no
-    -- clock read: it expires with this place, so a place found is one that has not lapsed.
+  -- Nearly every release: the one holder of a lock that no line waits for, and whose place no
+  -- line handed (no "*" anywhere). The key goes, with no clock read and no parsing: the key
+  -- expires with this place, so a place found is one that has not lapsed.
+  if value and not string.find(value, "[\n*]") then
     local escaped = escape(owner)
     if string.sub(value, 1, #escaped + 1) == escaped .. "|" then
-      local _, token, _, held = parse(string.sub(value, #escaped + 2))
-      if token and readable_holder(held) then
-        redis.call("DEL", key)
-        if line and not stays_waiting and was_handed(held) then
-          redis.call("HDEL", line.waiters, message_id(owner, held))
-        end
-        return 1, {}
-      end
+      redis.call("DEL", key)
+      return 1, NOTHING
     end
   end
   local holders, count = live_holders(key, false, value)

@@ -1,8 +1,8 @@
 -- flags: allow-oom
 -- Gives up `owner`'s place only while it is still exactly `record`: the orphan
 -- reaper never frees a place that was renewed or re-taken after it read it.
--- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at); KEYS[5], KEYS[6]: the fence
--- and the format of its hash slot (open_slot). ARGV: owner, record, and
+-- KEYS[1]: the lock; KEYS[2], KEYS[3], KEYS[4]: its line (line_at); KEYS[5]: the format key of
+-- its hash slot (open_slot). ARGV: owner, record, and
 -- "1" for a caller that cannot enqueue the messages a line is handed (it has no broker).
 -- Returns {1, or 0 when the place changed or went; the messages the line was handed; the waiters
 -- dropped (hand_over)}, or, for such a caller when messages wait in the line, {0, {}, {}, how
@@ -10,7 +10,7 @@
 local key, line = KEYS[1], line_at(KEYS[2], KEYS[3], KEYS[4])
 local waiting = without_broker_waiting(line, ARGV[3])
 if waiting > 0 then return {0, {}, {}, waiting} end
-open_slot(KEYS[5], KEYS[6])
+open_slot(KEYS[5])
 local holders, count = live_holders(key)
 local removed = 0
 local record = holders[ARGV[1]]
