@@ -259,22 +259,22 @@ def test_redis_records_who_holds_the_lock_with_server_time(redis_client):
     server_now = server_seconds * 1000 + server_micros // 1000
     assert acquisition.expires_at == token // 1000 + 5_000
     assert server_now - 1_000 < token // 1000 <= server_now
-    # The key expires with its holder (issue 33: no fence is kept in it); the slot's counter
+    # The key expires with its holder (issue 33: no fence is kept in it); the slot's format key
     # keeps the last token.
     assert 4_000 < redis_client.pttl(KEY) <= 5_000
-    assert redis_client.get("dramatiq-unique:fence") == str(token).encode()
+    assert redis_client.get("dramatiq-unique:format") == f"1 {__version__} {token}".encode()
 
 
 def test_redis_a_released_lock_leaves_no_key_behind(redis_client):
     # S4, issue 33: a free lock keeps nothing (0.1 kept its fence for a retention): the key goes
-    # with its last holder; under the prefix are left the slot's token counter and format marker,
-    # which keep no expiry, and the next token is still higher.
+    # with its last holder; under the prefix is left the slot's format key with the last token,
+    # which keeps no expiry, and the next token is still higher.
     backend = RedisBackend(client=redis_client)
     token = acquire(backend, "m1").token
     backend.release(KEY, "m1")
-    assert sorted(redis_client.keys("*")) == [b"dramatiq-unique:fence", b"dramatiq-unique:format"]
-    assert redis_client.get("dramatiq-unique:fence") == str(token).encode()
-    assert redis_client.pttl("dramatiq-unique:fence") == redis_client.pttl("dramatiq-unique:format") == -1
+    assert redis_client.keys("*") == [b"dramatiq-unique:format"]
+    assert redis_client.get("dramatiq-unique:format") == f"1 {__version__} {token}".encode()
+    assert redis_client.pttl("dramatiq-unique:format") == -1
     assert acquire(backend, "m2").token > token
 
 
@@ -823,10 +823,10 @@ def test_redis_scripts_read_and_write_a_lock_once(redis_client):
         return calls
 
     acquire = inner_calls(lambda: backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder))
-    # One MGET: the lock, with its hash slot's token counter and format marker, and the refusal
-    # that exists while the store heals after a loss of its data. One SET of the lock, one of the
-    # slot's counter.
-    assert acquire == {"mget": 1, "time": 1, "set": 2}
+    # One GET of the lock (which fails on a key of another type) and one MGET of its hash slot's
+    # format key, with the last token, and the refusal that exists while the store heals after a
+    # loss of its data. One MSET of the lock and the slot's last token.
+    assert acquire == {"get": 1, "mget": 1, "time": 1, "mset": 1}
     assert redis_client.pttl(KEY) == -1
     # The last holder's release needs no clock (a place found has not lapsed: the key expires
     # with it) and no look at a line (none waits): the key goes (issue 33).
@@ -834,15 +834,14 @@ def test_redis_scripts_read_and_write_a_lock_once(redis_client):
     assert release == {"get": 1, "del": 1}
     assert not redis_client.exists(KEY)
     again = inner_calls(lambda: backend.acquire(KEY, "m2", limit=1, ttl=60_000, holder=holder))
-    assert again == {"mget": 1, "time": 1, "set": 2}
+    assert again == {"get": 1, "mget": 1, "time": 1, "set": 2}  # a lock that lapses: SET ... PX
     assert 59_000 < redis_client.pttl(KEY) <= 60_000
 
 
 def test_redis_release_of_a_long_record_leaves_no_key_behind(redis_client):
     # P6 (issue 11; issue 33 dropped 0.1's compaction by DUMP + RESTORE of a hash left with its
     # fence): an enqueue lock and a run lock whose long record names its message and worker are
-    # given up by deleting their key, with no DUMP nor RESTORE; only the slot's counter and
-    # format marker stay.
+    # given up by deleting their key, with no DUMP nor RESTORE; only the slot's format key stays.
     backend = RedisBackend(client=redis_client)
     acquire(backend, "warm")
     backend.release(KEY, "warm")
@@ -857,7 +856,7 @@ def test_redis_release_of_a_long_record_leaves_no_key_behind(redis_client):
     assert backend.release(RUN_KEY, owner)
     stats = redis_client.info("commandstats")
     assert "cmdstat_dump" not in stats and "cmdstat_restore" not in stats
-    assert sorted(redis_client.keys("*")) == [b"dramatiq-unique:fence", b"dramatiq-unique:format"]
+    assert redis_client.keys("*") == [b"dramatiq-unique:format"]
 
 
 #: What dramatiq-unique 0.1 recorded in a lock's hash: "<expires_at>|<token>|<acquired_at>|<holder JSON>".
@@ -1151,7 +1150,7 @@ def test_a_refusal_is_kept_when_the_mark_is_gone_too(redis_client):
 def not_read(key: str, owner: str, value: str) -> list[str]:
     """What the LockBackendError of a lock holding a line this version cannot read tells: the
     lock's key, the owner the line names (the whole line if none) and what it holds."""
-    return [f"took no place in lock {key!r}", f"{owner!r} = {value!r}", "which is not a record of this version"]
+    return [f"took no place in lock {key!r}", f"the place of {owner!r} holds {value!r}", "not a record of this version"]
 
 
 @pytest.mark.parametrize(
@@ -1210,11 +1209,11 @@ def test_a_lock_holding_what_this_version_cannot_read_takes_no_place_beside_it_b
     backend = RedisBackend(client=redis_client)
     assert acquire(backend, "A", limit=2).acquired
     redis_client.set(KEY, redis_client.get(KEY) + b"\njunk", keepttl=True)
-    with pytest.raises(LockBackendError, match="in lock 'dramatiq-unique:{abc}': .*'junk' = 'junk'"):
+    with pytest.raises(LockBackendError, match="in lock 'dramatiq-unique:{abc}': the place of 'junk' holds 'junk'"):
         acquire(backend, "B", limit=2)
     assert backend.release(KEY, "A")
     assert redis_client.get(KEY) == b"junk"
-    with pytest.raises(LockBackendError, match="in lock 'dramatiq-unique:{abc}': .*'junk' = 'junk'"):
+    with pytest.raises(LockBackendError, match="in lock 'dramatiq-unique:{abc}': the place of 'junk' holds 'junk'"):
         acquire(backend, "B", limit=2)
     redis_client.delete(KEY)
     assert acquire(backend, "B", limit=2).acquired
@@ -1296,7 +1295,7 @@ def test_a_lock_store_marked_with_a_newer_format_takes_no_lock(request, monkeypa
         first = enqueue_outcome(settle.send("acct-1"))
         key = enqueue_key("dramatiq-unique", first.digest)
         (marker,) = format_keys(lock_client)
-        assert lock_client.get(marker) == f"1 {__version__}".encode()
+        assert lock_client.get(marker) == f"1 {__version__} {first.token}".encode()
         if store == "cluster":  # one marker per hash slot, beside the locks it serves
             assert lock_client.keyslot(marker) == lock_client.keyslot(key)
         else:

@@ -163,6 +163,12 @@ class RedisBackend(LockBackend):
         accepted_eviction_policy: str | None = None,
         **parameters: Any,
     ):
+        if "fence_retention" in parameters:
+            # An option of 0.1, which would otherwise reach redis-py as a connection parameter.
+            raise TypeError(
+                "RedisBackend takes no fence_retention any more: a lock keeps nothing after its last holder, and "
+                "tokens keep increasing through the last token of its hash slot (see Upgrading in the docs)."
+            )
         _check_integer("min_replicas", min_replicas, minimum=0, unit="replicas")
         # WAIT's timeout 0 would block forever.
         _check_integer("replica_timeout", replica_timeout, minimum=1, unit="milliseconds")
@@ -873,6 +879,8 @@ class RedisBackend(LockBackend):
     def _wrong_type(self, keys: Sequence[str], e: redis.ResponseError) -> LockBackendError:
         """The error of a script that met one of its ``keys`` holding another type than this
         version writes there (another program's key, a hand edit): it names that key."""
+        # A script on the hot path names the keys of a lock's line itself (holders.lua's line_of).
+        keys = [*keys, *(line for key in keys for line in _line_keys(key))]
         try:
             pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call, unused-ignore]
             for key in keys:
@@ -883,7 +891,7 @@ class RedisBackend(LockBackend):
         for key, kind in zip(keys, found, strict=True):
             expected = next((written for end, written in _KEY_TYPES if key.endswith(end)), None)
             if expected is not None and kind not in (expected, "none"):
-                if kind == "hash" and lock_kind(key) is not None:
+                if kind == "hash" and expected == "string" and not key.endswith(":debounce"):
                     return LockBackendError(
                         f"The Redis lock backend left key {key!r} as it is: it holds a lock in the format of "
                         "dramatiq-unique 0.1 (a hash), which this version neither reads nor writes. Let the workers "
@@ -1101,6 +1109,10 @@ _KEY_TYPES = (
     (":served", "zset"),
     (":replaced", "set"),
     (":debounce", "string"),
+    # The library's own locks.
+    (":reaper", "string"),
+    (":reaper:schedule", "string"),
+    (":healing", "string"),
 )
 
 #: How a script's error starts when a lock holds what this version cannot read (holders.lua's

@@ -667,9 +667,9 @@ end
 -- Gives up `owner`'s place and hands the free places to the line. Its message leaves the
 -- waiters too, unless it `stays_waiting` (it joined another line). Returns 1, or 0 when it
 -- held none (a lapsed place that no script dropped yet counts as none), and the messages
--- handed a place.
-local function release_place(key, line, owner, stays_waiting)
-  local value = redis.call("GET", key)
+-- handed a place. `value`: the lock's value, if the caller read it already (false: absent).
+local function release_place(key, line, owner, stays_waiting, value)
+  if value == nil then value = redis.call("GET", key) end
   -- Nearly every release: the one holder of a lock that no line waits for, and whose place no
   -- line handed (no "*" anywhere). The key goes, with no clock read and no parsing: the key
   -- expires with this place, so a place found is one that has not lapsed.

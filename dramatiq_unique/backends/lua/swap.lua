@@ -13,12 +13,14 @@
 -- messages the lines were handed; the waiters dropped (hand_over)}. A message that runs, or waits in the run lock's line, left
 -- its queue: it gives up its enqueue place.
 local enqueue_line = line_at(KEYS[4], KEYS[6], KEYS[7])
+-- Read first: an enqueue lock this version cannot read fails the script before it writes.
+local enqueue_value = redis.call("GET", KEYS[1])
 if redis.call("SREM", KEYS[3], ARGV[1]) == 1 then
   local _, handed = release_place(KEYS[1], enqueue_line, ARGV[1], false)
   return {{-1}, handed, dropped}
 end
 if ARGV[6] ~= "" then
-  local place = live_holders(KEYS[1])[ARGV[1]]
+  local place = live_holders(KEYS[1], false, enqueue_value)[ARGV[1]]
   if served_before(enqueue_line, ARGV[1], ARGV[6]) or handed_to_another(enqueue_line, ARGV[1], place, ARGV[6]) then
     return {{-3}, {}, {}}
   end
@@ -37,7 +39,7 @@ end
 expire_with_holders(KEYS[2])
 if reply[1] == 1 then serve(enqueue_line, ARGV[1], ARGV[6]) end
 if reply[1] == 1 or reply[1] == 3 then
-  local _, more = release_place(KEYS[1], enqueue_line, ARGV[1], reply[1] == 3)
+  local _, more = release_place(KEYS[1], enqueue_line, ARGV[1], reply[1] == 3, enqueue_value)
   for _, message in ipairs(more) do table.insert(handed, message) end
 end
 return {reply, handed, dropped}
