@@ -1326,3 +1326,9 @@ def test_a_lock_store_marked_with_a_newer_format_takes_no_lock(request, monkeypa
         assert len(env.seen.enqueues) == (1 if policy == "raise" else 3)
     finally:
         next(runs, None)
+
+
+def test_the_fence_retention_of_0_1_is_refused_with_what_replaced_it(redis_client):
+    # Issue 33: the option is gone; passed, it reached redis-py as a connection parameter.
+    with pytest.raises(TypeError, match="takes no fence_retention any more"):
+        RedisBackend(client=redis_client, fence_retention=60_000)
