@@ -777,7 +777,7 @@ class LockBackend(abc.ABC):
 
         Returns:
           tuple: Now, in ms of the backend's clock, and the places that have
-          not lapsed; a fence without holders is no place.
+          not lapsed.
         """
 
     @abc.abstractmethod
