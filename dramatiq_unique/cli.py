@@ -27,6 +27,7 @@ from dramatiq import Actor, Broker
 from .activity import read_activity
 from .backends import LockBackend, RedisBackend
 from .default_backend import URL_VARIABLE
+from .digest import DIGEST_LENGTH
 from .errors import InvalidBackendOptions, LineNeedsBroker, LockArgumentsError, LockBackendError
 from .held import LockInfo
 from .keys import digest_of
@@ -68,8 +69,8 @@ examples:
   $ dramatiq-unique explain myapp.tasks:settle_payment '["evt_123", {"amount": 100}]'
 
   # One lock, then free it; free every lock of one actor.
-  $ dramatiq-unique show 6d26e4e2f58a0d7c3d6f6709ee14d716a022d73cf86a5da6fd5f8e12e6066176
-  $ dramatiq-unique unlock 6d26e4e2f58a0d7c3d6f6709ee14d716a022d73cf86a5da6fd5f8e12e6066176
+  $ dramatiq-unique show A3QW7mGGvwLB5oZHvzHpkA
+  $ dramatiq-unique unlock A3QW7mGGvwLB5oZHvzHpkA
   $ dramatiq-unique unlock --actor settle_payment --all --dry-run
 
   # Run the orphan reaper once (with --app it also asks the broker about enqueue locks).
@@ -649,7 +650,7 @@ def _held(
             RET_NOT_FOUND,
         )
     if not locks:
-        hint = "" if len(digest) == 64 else " (a digest has 64 hexadecimal characters)"
+        hint = "" if len(digest) == DIGEST_LENGTH else f" (a digest has {DIGEST_LENGTH} characters)"
         raise CommandError(
             f"No lock of digest {digest!r} is held under {prefixes_phrase(context.prefixes)}{hint}.", RET_NOT_FOUND
         )

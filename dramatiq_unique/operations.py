@@ -494,7 +494,7 @@ def _check_digest(digest: str) -> None:
         or ":" in digest
         or not encodes_as_utf8(digest)
     ):
-        raise ValueError(f"{digest!r} is not a digest: a digest is the 64 hexadecimal characters between the braces.")
+        raise ValueError(f"{digest!r} is not a digest: a digest is the 22 characters between the braces.")
 
 
 def _cursor(position: _Position, after: tuple[str, int] | None) -> str:
