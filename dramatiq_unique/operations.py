@@ -23,7 +23,7 @@ from dramatiq.common import q_name
 from dramatiq.logging import get_logger
 
 from .backends import LockBackend, LockRecord
-from .digest import compute_digest, encodes_as_utf8, lock_arguments
+from .digest import DIGEST_LENGTH, compute_digest, encodes_as_utf8, lock_arguments
 from .errors import InvalidLockOptions
 from .held import QUEUED, STATES, Explanation, HolderInfo, LockInfo, WorkerInfo
 from .keys import ENQUEUE, RUN, digest_of, enqueue_key, prefix_of, registry_key, run_key
@@ -494,7 +494,9 @@ def _check_digest(digest: str) -> None:
         or ":" in digest
         or not encodes_as_utf8(digest)
     ):
-        raise ValueError(f"{digest!r} is not a digest: a digest is the 22 characters between the braces.")
+        raise ValueError(
+            f"{digest!r} is not a digest: a digest is the {DIGEST_LENGTH} characters between the braces of a lock key."
+        )
 
 
 def _cursor(position: _Position, after: tuple[str, int] | None) -> str:

@@ -449,8 +449,8 @@ def test_a_digest_with_bytes_that_are_not_utf8_is_a_usage_error(redis_url):
     # Issue 32: the error was the codec's, "'utf-8' codec can't encode character '\\udcff' ...".
     line = assert_error(cli("--url", redis_url, "show", "report-\udcff"), RET_USAGE)
     assert line == (
-        "dramatiq-unique: error: 'report-\\udcff' is not a digest: a digest is the 22 characters between the "
-        "braces."
+        "dramatiq-unique: error: 'report-\\udcff' is not a digest: a digest is the 22 characters between the braces "
+        "of a lock key."
     )
 
 

@@ -151,33 +151,35 @@ def test_a_lapse_that_nothing_saw_is_undone_by_a_step_back_and_no_token_goes_bac
     assert second.acquired and second.token > first.token
 
 
-def test_the_fence_goes_once_the_server_clock_passed_the_retention(server):
-    # The retention bounds the memory that fences cost: judged by the server's clock.
-    backend = RedisBackend(client=server.client, fence_retention=60_000)
+def test_a_released_lock_leaves_no_key_and_the_slots_counter_outlasts_the_clock(server):
+    # Issue 33 (0.1 kept a lock's fence in its key for a retention judged by the server's clock,
+    # fence_retention, then let it go): the lock's key goes with its last holder, so freed locks
+    # cost no memory; what keeps tokens growing is the slot's counter, which never expires: past
+    # what the retention was, and after a step back then, a new token is still greater.
+    backend = RedisBackend(client=server.client)
     first = backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder("m1"))
-    backend.release(KEY, "m1")
-    assert server.client.hgetall(KEY) == {b"fence": str(first.token).encode()}
+    assert backend.release(KEY, "m1")
+    assert sorted(server.client.keys("*")) == [b"dramatiq-unique:fence", b"dramatiq-unique:format"]
     server.step_to(+61)
-    assert not server.client.exists(KEY)
-    second = backend.acquire(KEY, "m2", limit=1, ttl=None, holder=holder("m2"))
-    assert second.token > first.token  # the clock, now ahead, takes over
-
-
-def test_without_retention_a_step_back_makes_tokens_go_back(server):
-    # fence_retention=0 is the documented opt-out: it shows what the retention buys.
-    backend = RedisBackend(client=server.client, fence_retention=0)
-    first = backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder("m1"))
-    backend.release(KEY, "m1")
-    assert not server.client.exists(KEY)
+    assert server.client.get("dramatiq-unique:fence") == str(first.token).encode()
     server.step_to(-TEN_MINUTES)
-    assert backend.acquire(KEY, "m2", limit=1, ttl=None, holder=holder("m2")).token < first.token
+    second = backend.acquire(KEY, "m2", limit=1, ttl=None, holder=holder("m2"))
+    assert second.acquired and second.token == first.token + 1
 
 
-@pytest.mark.parametrize("value", [-1, 1.5, "600000", True, None])
-def test_an_invalid_fence_retention_is_refused(value):
-    expected = r"RedisBackend has an invalid fence_retention=.*: it must be an integer >= 0 \(milliseconds\)"
-    with pytest.raises(ValueError, match=expected):
-        RedisBackend(fence_retention=value)
+def test_a_step_back_gives_a_lock_never_held_a_greater_token_too(server):
+    # Issue 33: the last token lives in a counter per hash slot, not in each lock (0.1 kept it
+    # in the lock's key, and a lock whose fence was gone, or that was never held, took the clock's
+    # word after a step back): every lock under the prefix gets a greater token than any before.
+    backend = RedisBackend(client=server.client)
+    first = backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder("m1"))
+    assert backend.release(KEY, "m1")
+    server.step_to(-TEN_MINUTES)
+    other = backend.acquire("dramatiq-unique:{never-held}", "m2", limit=1, ttl=None, holder=holder("m2"))
+    assert other.acquired and other.token > first.token
+    # A lock under another prefix has a counter of its own, which knows nothing of this one's.
+    apart = backend.acquire("billing:{abc}", "m3", limit=1, ttl=None, holder=holder("m3"))
+    assert apart.acquired and apart.token < first.token
 
 
 def test_stub_tokens_keep_increasing_when_its_clock_steps_back(monkeypatch):

@@ -7,6 +7,7 @@ one hash slot, a library of lock functions lost by each node, and slots moving b
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
 import threading
@@ -24,13 +25,17 @@ from redis.exceptions import RedisClusterException
 
 from dramatiq_unique import LockBackendError, LockStoreHealing, RedisBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.backends import Holder, Lease
-from dramatiq_unique.keys import enqueue_key, run_key
+from dramatiq_unique.digest import DIGEST_BYTES
+from dramatiq_unique.keys import enqueue_key, format_key, run_key
 
 from .cluster import Cluster, _executables
 from .support import pop_script_calls, unique_warnings
 from .test_backends import SCRIPT_COMMANDS
 
 PREFIX = "dramatiq-unique"
+#: What a script of the lock's hash slot may call: those of one node, and the GET, SET and MSET
+#: of the lock's value and of the slot's format key (issue 33).
+CLUSTER_SCRIPT_COMMANDS = SCRIPT_COMMANDS | {"get", "set", "mset"}
 
 
 def holder(message_id: str, state: str = "queued") -> Holder:
@@ -56,10 +61,12 @@ def slot_of(digest: str) -> int:
 
 
 def digests(count: int, *, slot: int | None = None, seed: str = "") -> list[str]:
-    """``count`` sha256 digests, like the middleware's, all in ``slot`` when given."""
+    """``count`` digests like the middleware's (the first 128 bits of a SHA-256, base64url), all
+    in ``slot`` when given."""
     found = []
     for i in itertools.count():
-        digest = hashlib.sha256(f"{seed}{i}".encode()).hexdigest()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(f"{seed}{i}".encode()).digest()[:DIGEST_BYTES])
+        digest = digest.rstrip(b"=").decode()
         if slot is None or slot_of(digest) == slot:
             found.append(digest)
             if len(found) == count:
@@ -73,6 +80,27 @@ def one_digest_per_master(cluster) -> list[str]:
     for digest in digests(200):
         by_master.setdefault(cluster.nodes.index(cluster.owner_of(slot_of(digest))), digest)
     return [by_master[i] for i in range(len(cluster.nodes))]
+
+
+def slot_format_key(slot: int) -> str:
+    """The format key of ``slot`` under PREFIX: the format of its locks and the last token issued
+    there, in that slot (issue 33)."""
+    tag = next(str(n) for n in itertools.count() if key_slot(str(n).encode()) == slot)
+    return format_key(PREFIX, tag)
+
+
+def assert_only_format_keys_left(cluster, slots: set[int]) -> None:
+    """No key of a lock is left once its last holder left (the value goes with it), and each slot
+    that issued a token keeps its format key, the last token, on the slot's master."""
+    assert cluster.keys_per_master(f"{PREFIX}:{{*") == [[] for _ in cluster.nodes]
+    left = cluster.keys_per_master(f"{PREFIX}:format:*")
+    assert sorted(key.decode() for keys in left for key in keys) == sorted(slot_format_key(s) for s in slots)
+    for node, keys in zip(cluster.nodes, left, strict=True):
+        for key in keys:
+            assert cluster.owner_of(key_slot(key)) is node
+            assert node.ttl(key) == -1
+            number, _, token = node.get(key).decode().split(" ")
+            assert number == "1" and int(token) > 0
 
 
 def command_calls(node) -> Counter:
@@ -115,7 +143,8 @@ def test_locks_spread_over_every_master_and_hold_on_each(env, redis_cluster):
 
     firsts = [settle.send(i) for i in range(60)]
     assert all(enqueue_outcome(m).enqueued for m in firsts)
-    per_master = redis_cluster.keys_per_master(f"{PREFIX}:*")
+    slots = {slot_of(enqueue_outcome(m).digest) for m in firsts}
+    per_master = redis_cluster.keys_per_master(f"{PREFIX}:{{*")
     assert all(len(keys) >= 5 for keys in per_master), [len(k) for k in per_master]
     assert sum(len(keys) for keys in per_master) == 60
     for node, keys in zip(redis_cluster.nodes, per_master, strict=True):
@@ -128,12 +157,9 @@ def test_locks_spread_over_every_master_and_hold_on_each(env, redis_cluster):
     env.worker(threads=8)
     env.join(settle)
     assert runs == {i: 1 for i in range(60)}
-    # No holder is left, each lock keeps its last token alone (issue 9); the worker registry
-    # (the key "<prefix>:workers") lives on while the worker runs.
-    left = redis_cluster.keys_per_master(f"{PREFIX}:{{*")
-    assert sum(len(keys) for keys in left) == 60
-    for node, keys in zip(redis_cluster.nodes, left, strict=True):
-        assert all(node.hkeys(key) == [b"fence"] for key in keys)
+    # No holder is left and no key of a lock: the last token of each slot is in the slot's
+    # format key, on the slot's master (issue 33).
+    assert_only_format_keys_left(redis_cluster, slots)
 
 
 def test_a_lifecycle_is_one_script_call_per_transition_on_the_digests_master(cluster_client, redis_cluster):
@@ -157,7 +183,7 @@ def test_a_lifecycle_is_one_script_call_per_transition_on_the_digests_master(clu
     calls = [command_calls(node) for node in redis_cluster.nodes]
     assert calls[0] == calls[2] == Counter()
     assert pop_script_calls(calls[1]) == 3
-    assert set(calls[1]) <= SCRIPT_COMMANDS
+    assert set(calls[1]) <= CLUSTER_SCRIPT_COMMANDS
 
 
 def test_functions_are_loaded_again_on_every_master_that_lost_them(cluster_client, redis_cluster):
@@ -198,7 +224,7 @@ def test_leases_of_many_slots_are_renewed_in_one_call_per_slot_and_a_failing_slo
     for key in spread:
         for owner in ("t1", "t2"):
             assert backend.acquire(key, owner, limit=2, ttl=1_000, holder=holder(owner, "running")).acquired
-    cluster_client.set(broken, "no lock")
+    cluster_client.rpush(broken, "no lock")  # a lock is a string: a list cannot be read as one
     leases = [Lease(key, owner, 60_000) for key in spread for owner in ("t1", "t2")]
     backend.renew_many(leases)  # loads the script and the client's slot map
     redis_cluster.nodes[1].function_flush()
@@ -350,7 +376,7 @@ def test_locks_held_while_their_slot_moves_to_another_master_are_not_lost(cluste
     assert traffic.operations > 20
     for key, seen in traffic.tokens.items():
         assert seen == sorted(seen) and len(set(seen)) == len(seen), key
-    # The held locks and their fences now live on the target, and nothing is left on the source.
+    # The held locks and their slot's format key now live on the target, and nothing is left on the source.
     assert moved >= len(held) + len(held_runs)
     assert source.execute_command("CLUSTER COUNTKEYSINSLOT", slot) == 0
     assert all(target.exists(key) for key in [*held, *held_runs])
@@ -374,6 +400,7 @@ def test_a_swap_while_its_slot_moves_waits_for_the_move_instead_of_failing(clust
     assert backend.acquire(key, "m1", limit=1, ttl=None, holder=holder("m1")).acquired
     source = redis_cluster.owner_of(slot_of(digest))
     target = next(node for node in redis_cluster.nodes if node is not source)
+    source.config_resetstat()
     target.config_resetstat()
     outcome = {}
 
@@ -386,6 +413,8 @@ def test_a_swap_while_its_slot_moves_waits_for_the_move_instead_of_failing(clust
     swapper = threading.Thread(target=swap_in_thread)
 
     def swap_mid_move():
+        if swapper.is_alive() or "swap" in outcome:
+            return  # once, with the slot half moved (the lock and its slot's format key are two keys)
         swapper.start()
         time.sleep(1.0)  # longer than redis-py's own TRYAGAIN retries
         assert outcome == {}  # still waiting: the slot is half moved
@@ -394,7 +423,8 @@ def test_a_swap_while_its_slot_moves_waits_for_the_move_instead_of_failing(clust
     swapper.join(10)
     assert "error" not in outcome, outcome.get("error")
     assert outcome["swap"].acquired
-    assert error_count(target, "TRYAGAIN") > 0
+    # Answered by the source or the target, as the lock or its slot's format key moved first.
+    assert error_count(source, "TRYAGAIN") + error_count(target, "TRYAGAIN") > 0
     assert backend.acquire(key, "m2", limit=1, ttl=None, holder=holder("m2")).acquired  # the enqueue lock was given up
     assert backend.acquire(run, "t2", limit=1, ttl=None, holder=holder("m2", "running")).holders == ("m1",)
 
@@ -412,6 +442,8 @@ def test_a_swap_that_cannot_run_for_cluster_retry_seconds_raises_and_changes_not
     raised = []
 
     def swap_when_stuck():
+        if raised:
+            return  # once, with the slot half moved (the lock and its slot's format key are two keys)
         with pytest.raises(LockBackendError, match="TTL exhausted") as excinfo:
             swap(backend, key, run, "m1", "t1")
         raised.append(excinfo.value)
@@ -441,6 +473,7 @@ def test_workers_keep_every_lock_while_slots_move(env, redis_cluster, caplog):
     # Slots of messages further down the queue: they start, and swap, while their slot moves.
     slots = list(dict.fromkeys(slot_of(enqueue_outcome(m).digest) for m in firsts[40::8]))
 
+    used = {slot_of(enqueue_outcome(m).digest) for m in firsts}
     env.worker(threads=8)
     moved = 0
     for slot in slots:
@@ -453,12 +486,9 @@ def test_workers_keep_every_lock_while_slots_move(env, redis_cluster, caplog):
     assert runs == {i: 1 for i in range(150)}
     assert env.dead_letters(rebuild) == []
     assert unique_warnings(caplog) == []
-    # No holder is left, each lock keeps its last token alone (issue 9); the worker registry
-    # (the key "<prefix>:workers") lives on while the worker runs.
-    left = redis_cluster.keys_per_master(f"{PREFIX}:{{*")
-    assert sum(len(keys) for keys in left) == 300  # the enqueue and run locks of 150 digests
-    for node, keys in zip(redis_cluster.nodes, left, strict=True):
-        assert all(node.hkeys(key) == [b"fence"] for key in keys)
+    # No holder is left and no key of a lock; each slot's format key, moved with its slot,
+    # keeps its last token on the slot's master now (issue 33).
+    assert_only_format_keys_left(redis_cluster, used)
 
 
 def test_the_reaper_walks_every_master_of_a_cluster(cluster_client, redis_cluster):
@@ -563,14 +593,19 @@ def test_a_lock_whose_slot_migrates_to_a_master_without_the_functions_is_still_s
     source_id, target_id = redis_cluster.node_id(source), redis_cluster.node_id(target)
     assert backend.acquire(key, "m1", limit=2, ttl=60_000, holder=holder("m1")).acquired
     target.function_flush()
+    target_port = target.connection_pool.connection_kwargs["port"]
     target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
     source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
     try:
-        target_port = target.connection_pool.connection_kwargs["port"]
+        # The lock moves first; its slot's format key is still on the source.
         source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000, "KEYS", key)
+        assert source.exists(slot_format_key(slot))
         assert backend.renew(key, "m1", ttl=120_000) is not None
         assert backend.acquire(key, "m2", limit=2, ttl=None, holder=holder("m2")).acquired
     finally:
+        # The rest of the slot (its format key) follows before the slot changes hands.
+        while keys := source.execute_command("CLUSTER GETKEYSINSLOT", slot, 10):
+            source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000, "KEYS", *keys)
         for node in redis_cluster.nodes:
             node.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
 

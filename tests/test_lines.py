@@ -612,7 +612,7 @@ def test_a_waiter_whose_entry_cannot_be_read_is_dropped_and_the_holder_runs(redi
 @pytest.mark.parametrize("junk", JUNK_ENTRIES)
 def test_a_release_drops_a_waiter_it_cannot_read_and_hands_the_place_to_the_next(redis_env, caplog, junk):
     # Issue 32 (2): the release of the holder hands its place over: past a junk entry, to the next waiter.
-    key, handed = "dramatiq-unique:{" + "a1" * 32 + "}", []
+    key, handed = "dramatiq-unique:{" + "a1" * 11 + "}", []
     redis_env.backend.handoffs = handed.extend
     send = sender(redis_env, key)
     assert send("A").acquired and send("B").waiting == 1 and send("C").waiting == 2
@@ -621,7 +621,7 @@ def test_a_release_drops_a_waiter_it_cannot_read_and_hands_the_place_to_the_next
     assert [m.partition(b"\n")[2] for m in handed] == [b"C"]
     assert redis_env.backend.lines([key]) == {}
     (warning,) = unique_warnings(caplog)
-    assert warning.startswith(f"The entry of message 'B' among the waiters of lock {key!r} (digest {'a1' * 32})")
+    assert warning.startswith(f"The entry of message 'B' among the waiters of lock {key!r} (digest {'a1' * 11})")
 
 
 @pytest.mark.parametrize("junk", JUNK_ENTRIES)
@@ -629,7 +629,7 @@ def test_the_reapers_steps_take_a_waiter_entry_they_cannot_read_for_none(redis_e
     # Issue 32 (2): the orphan reaper enqueues again, from its waiter entry, a message handed a place
     # that never reached the broker (waiting_message, hand_again). A junk entry raised IndexError,
     # or was enqueued as a message. It is taken for none, and hand_again drops it.
-    key, handed = "dramatiq-unique:{" + "a2" * 32 + "}", []
+    key, handed = "dramatiq-unique:{" + "a2" * 11 + "}", []
     redis_env.backend.handoffs = handed.extend
     send = sender(redis_env, key)
     assert send("A").acquired and send("B").waiting == 1
@@ -639,11 +639,21 @@ def test_the_reapers_steps_take_a_waiter_entry_they_cannot_read_for_none(redis_e
     client.hset(waiters_key(key), "B", junk)
     if junk == b"junk":
         assert redis_env.backend.waiting_message(key, "B") is None
-    assert redis_env.backend.hand_again(key, "B", client.hget(key, "B").decode()) is None
+    assert redis_env.backend.hand_again(key, "B", record_of(client, key, "B")) is None
     assert client.hexists(waiters_key(key), "B") == 0
     assert unique_warnings(caplog)[-1].startswith(
-        f"The entry of message 'B' among the waiters of lock {key!r} (digest {'a2' * 32}) cannot be read"
+        f"The entry of message 'B' among the waiters of lock {key!r} (digest {'a2' * 11}) cannot be read"
     )
+
+
+def record_of(client, key: str, owner: str) -> str:
+    """The record of ``owner``'s place in the lock at ``key``: its line of the lock's value after
+    the owner and the first "|" (issue 33), as LockRecord.record holds it."""
+    for line in client.get(key).decode().split("\n"):
+        found, _, record = line.partition("|")
+        if found == owner:
+            return record
+    raise AssertionError(f"{owner!r} holds no place in {key!r}")
 
 
 def sender(env, key: str):

@@ -1,7 +1,8 @@
-"""A lock's own fields and its holders never meet (issue 18, defect 3): a message whose id is
-the name of one of the lock hash's own fields ("fence", "names"), or starts with the escape mark,
-holds its lock like any other; and a lock recorded by the previous release is still honoured:
-its holders keep their places and its fence keeps tokens growing."""
+"""A lock's own marks and its holders never meet (issue 18, defect 3): a message whose id is
+the name of one of 0.1's lock fields ("fence", "names"), starts with its escape mark, or holds
+the separators of the lock's string since issue 33 ("|", "%", a newline, the "~" of a waiting
+line), holds its lock like any other; tokens keep growing after the last holder left and the key
+went (the slot's counter); and a lock of 0.1 (a hash) is refused, never overwritten."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import uuid
 
 import pytest
 
-from dramatiq_unique import Locks, RedisBackend, StubBackend, enqueue_outcome, reap_orphans
+from dramatiq_unique import LockBackendError, Locks, RedisBackend, StubBackend, enqueue_outcome, reap_orphans
 from dramatiq_unique.backends import Holder
-from dramatiq_unique.keys import registry_key
+from dramatiq_unique.keys import enqueue_key, registry_key
 
 from .support import Gate, scan_all, wait_for
 
@@ -165,7 +166,7 @@ def test_owners_named_like_the_locks_fields_are_holders_like_any_other(backend):
     assert backend.acquire(KEY, "fence", limit=1, ttl=None, holder=queued("fence")).token > swapped.token
 
 
-# Locks as the previous release recorded them -------------------------------------------------
+# Locks of 0.1, and the token counter of a hash slot (issue 33) ------------------------------
 
 
 @pytest.fixture(params=["redis", "cluster"])
@@ -179,90 +180,102 @@ def server_now(client) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def test_a_lock_of_the_previous_release_keeps_its_holders_and_its_fence(redis_backend):
-    # Issue 18, defect 3: a lock held across a rolling upgrade, written as the previous release
-    # writes it (fields "fence" and "names", compact holders that leave their actor and queue to
-    # "names"), is taken, re-entered, renewed, listed and released by this one; its fence, set
-    # above the clock as after a step back of it, keeps every new token above it.
-    client = redis_backend.client
-    now = server_now(client)
-    fence = (now + 600_000) * 1000  # ten minutes ahead of the clock
-    token = now * 1000
-    client.hset(KEY, mapping={"fence": fence, "names": "settle|payments", "m1": f"{token}||60000|qe+|||||"})
-    worker = "old-host:7:0a1b2c3d"
-    client.hset(
-        RUN_KEY, mapping={"fence": fence, "names": "settle|payments", "t1": f"{token}||60000|ra|{worker}||||m1"}
-    )
+@pytest.mark.parametrize("env", ["redis", "cluster"], indirect=True)
+def test_a_send_to_a_lock_of_0_1_raises_naming_the_key_and_enqueues_nothing(env):
+    # Issue 33 (0.1's records, fields "fence" and "names" and holders that left their actor to
+    # "names", are read no more; issue 18 had them keep their places): a lock held by 0.1 across
+    # a rolling upgrade is still no free lock. A send raises LockBackendError naming the key and
+    # saying 0.1 and Upgrading; nothing is enqueued and 0.1's hash is left as it is.
+    #
+    # FAILS on the format branch (a bug, not this test): acquire.lua reads the lock with MGET,
+    # which answers nil for a hash instead of WRONGTYPE, so the send takes the lock as free and
+    # SET writes its place over 0.1's hash: a duplicate runs beside 0.1's message.
+    @env.actor(queue_name="payments", lock="until_executed")
+    def settle(event_id):
+        pass
 
-    refused = redis_backend.acquire(KEY, "m2", limit=1, ttl=None, holder=queued("m2"))
-    assert (refused.acquired, refused.holders) == (False, ("m1",))
-    again = redis_backend.acquire(KEY, "m1", limit=1, ttl=60_000, holder=queued("m1"))
-    assert (again.acquired, again.token) == (True, token)
-    redelivery = redis_backend.acquire(RUN_KEY, "t2", limit=2, ttl=None, holder=running("m1"))
-    assert (redelivery.acquired, redelivery.holders) == (False, ("m1",))
-    renewed = redis_backend.renew(RUN_KEY, "t1", ttl=120_000)
-    assert renewed is not None and renewed >= now + 120_000
-
-    _, records = redis_backend.read([KEY, RUN_KEY])
-    assert sorted((r.key, r.owner, r.token, r.holder["message_id"], r.holder["actor"]) for r in records) == [
-        (KEY, "m1", token, "m1", "settle"),
-        (RUN_KEY, "t1", token, "m1", "settle"),
-    ]
-    run = next(r for r in records if r.key == RUN_KEY)
-    assert (run.holder["worker_id"], run.expires_at) == (worker, renewed)
-
-    assert redis_backend.release(KEY, "m1")
-    assert redis_backend.release_records(RUN_KEY, {"t1": run.record}) == ["t1"]
-    for key in (KEY, RUN_KEY):
-        taken = redis_backend.acquire(key, "fence", limit=1, ttl=None, holder=queued("fence"))
-        assert taken.acquired and taken.token == fence + 1  # above the old fence, not the clock's
-
-
-def test_a_fence_alone_of_the_previous_release_keeps_tokens_growing(redis_backend):
-    # A lock the previous release freed keeps its "fence" field alone; so does one whose holder
-    # "fence" overwrote it there with its record (the defect): either is the last token issued.
-    client = redis_backend.client
-    now = server_now(client)
-    fence = (now + 600_000) * 1000
-    client.hset(KEY, mapping={"fence": fence})
-    clobbered = "dramatiq-unique:{clobbered}"
-    client.hset(clobbered, mapping={"fence": f"{fence}|||qe+|||settle|payments|"})
-    for key in (KEY, clobbered):
-        assert redis_backend.read([key])[1] == [] and redis_backend.release(key, "fence") is False
-        first = redis_backend.acquire(key, "fence", limit=1, ttl=None, holder=queued("fence"))
-        assert first.token == fence + 1
-        assert redis_backend.acquire(key, "names", limit=2, ttl=None, holder=queued("names")).token == fence + 2
-        assert sorted(r.owner for r in redis_backend.read([key])[1]) == ["fence", "names"]
-
-
-def test_names_overwritten_by_a_holder_of_the_previous_release(redis_backend):
-    # On the previous release, a holder "names" that came second wrote its record over the names
-    # its first holder left its actor and queue to: that holder is still one (it keeps newcomers
-    # out and is released), with no actor or queue rather than parts of a record for them.
-    client = redis_backend.client
+    explained = Locks.from_middleware(env.middleware).explain(settle, "evt_1")
+    key = enqueue_key(str(explained.prefix), str(explained.digest))
+    client = env.backend.client
     token = server_now(client) * 1000
-    client.hset(KEY, mapping={"fence": token + 1, "m1": f"{token}|||qe+|||||", "names": f"{token + 1}|||qe+|||||"})
-    refused = redis_backend.acquire(KEY, "m2", limit=1, ttl=None, holder=queued("m2"))
-    assert (refused.acquired, refused.holders) == (False, ("m1",))
-    (m1,) = redis_backend.read([KEY])[1]
-    assert (m1.owner, m1.token, m1.holder) == (
-        "m1",
-        token,
-        {"message_id": "m1", "lock": "until_executed", "state": "queued", "replaceable": True},
+    client.hset(key, mapping={"fence": token, "names": "settle|payments", "m1": f"{token}||60000|qe+|||||"})
+    written = client.hgetall(key)
+    with pytest.raises(LockBackendError) as raised:
+        settle.send("evt_1")
+    assert f"left key {key!r} as it is" in str(raised.value)
+    assert "dramatiq-unique 0.1 (a hash)" in str(raised.value) and "Upgrading" in str(raised.value)
+    assert env.seen.enqueues == []
+    assert client.hgetall(key) == written
+
+
+def fence_of(client) -> bytes:
+    """The key of the one token counter under the default prefix (one Redis, or a cluster's slot)."""
+    (fence,) = client.scan_iter(match="dramatiq-unique:fence*")
+    return fence
+
+
+def test_tokens_keep_growing_after_the_last_holder_left_and_the_key_went(redis_backend):
+    # Issue 33 (0.1 kept a "fence" field in a freed lock): a lock's key goes with its last holder,
+    # and the last token issued in its hash slot is kept by the slot's counter, which no holder
+    # can overwrite: set above the clock, as after a step back of it, it keeps every new token
+    # above it, in this lock and in one never held before in that slot.
+    client = redis_backend.client
+    assert redis_backend.acquire(KEY, "fence", limit=1, ttl=None, holder=queued("fence")).acquired
+    assert redis_backend.release(KEY, "fence")
+    fence = (server_now(client) + 600_000) * 1000  # ten minutes ahead of the clock
+    client.set(fence_of(client), fence)
+    tokens = []
+    for owner in ("fence", "names", "m1"):
+        assert redis_backend.read([KEY])[1] == [] and not client.exists(KEY)
+        assert redis_backend.release(KEY, owner) is False
+        taken = redis_backend.acquire(KEY, owner, limit=1, ttl=None, holder=queued(owner))
+        assert taken.acquired
+        tokens.append(taken.token)
+        assert redis_backend.release(KEY, owner)
+    assert tokens == [fence + 1, fence + 2, fence + 3]
+    assert not client.exists(KEY) and client.get(fence_of(client)) == str(fence + 3).encode()
+    # Another lock of the same slot (its digest's hash tag, the run lock of this one).
+    assert redis_backend.acquire(RUN_KEY, "t1", limit=1, ttl=None, holder=running("m1")).token == fence + 4
+
+
+#: Owners holding what separates the lines and fields of a lock's string, or marks a line waiting.
+SEPARATOR_LIKE_IDS = ["~", "~|", "a|b", "|", "a\nb", "\n", "%", "%7C", "%25", "%0A", "%zz", "a|b%7C\n%"]
+
+
+def test_owners_holding_the_records_separators_are_holders_like_any_other(redis_backend):
+    # Issue 33, as issue 18 did for 0.1's field names: owners (and the message ids of run lock
+    # places) holding "|", "%", a newline or the "~" of a waiting line are holders: they keep
+    # newcomers out, are read back exactly, and each gives its own place up.
+    owners = SEPARATOR_LIKE_IDS
+    limit = len(owners)
+    for owner in owners:
+        assert redis_backend.acquire(KEY, owner, limit=limit, ttl=60_000, holder=queued(owner)).acquired
+        assert redis_backend.acquire(RUN_KEY, f"t{owner}", limit=limit, ttl=60_000, holder=running(owner)).acquired
+    refused = redis_backend.acquire(KEY, "m1", limit=limit, ttl=None, holder=queued("m1"))
+    assert sorted(refused.holders) == sorted(owners)
+    again = redis_backend.acquire(RUN_KEY, "t-again", limit=limit + 1, ttl=None, holder=running("a\nb"))
+    assert (again.acquired, again.holders) == (False, ("a\nb",))  # a redelivery meets its earlier attempt
+    _, read = redis_backend.read([KEY, RUN_KEY])
+    assert sorted((r.key, r.owner, r.holder["message_id"]) for r in read) == sorted(
+        [(KEY, owner, owner) for owner in owners] + [(RUN_KEY, f"t{owner}", owner) for owner in owners]
     )
-    (scanned,) = scan_all(redis_backend)
-    assert scanned == m1
-    assert redis_backend.release(KEY, "m1")
-    taken = redis_backend.acquire(KEY, "names", limit=1, ttl=None, holder=queued("names"))
-    assert taken.token > token + 1
-    (names,) = redis_backend.read([KEY])[1]
-    assert (names.owner, names.holder["actor"], names.holder["queue"]) == ("names", "settle", "payments")
+    assert sorted((r.key, r.owner, r.record) for r in scan_all(redis_backend)) == sorted(
+        (r.key, r.owner, r.record) for r in read
+    )
+    assert all(r.unreadable is None for r in read)
+    for owner in owners:
+        assert redis_backend.release(RUN_KEY, f"t{owner}")
+        assert redis_backend.release(KEY, owner)
+        assert redis_backend.release(KEY, owner) is False
+    assert not redis_backend.client.exists(KEY) and not redis_backend.client.exists(RUN_KEY)
 
 
 @pytest.mark.parametrize("env", ["redis", "cluster"], indirect=True)
-def test_the_reaper_frees_orphans_of_the_previous_release(env):
-    # Locks recorded by the previous release: the run lock of a dead worker and the enqueue lock
-    # of a message gone from the broker are reaped; a live worker's and a queued message's stay.
+def test_the_reaper_frees_orphans_of_records_written_as_they_are_stored(env):
+    # Locks written raw in this format (as any process of it writes them: the reaper reads them
+    # without a process of its own having taken them): the run lock of a dead worker and the
+    # enqueue lock of a message gone from the broker are reaped; a live worker's and a queued
+    # message's stay, and what is read of them (actor, worker, broker id) is what the raw line says.
     client, backend = env.backend.client, env.backend
     now = server_now(client)
     client.zadd(registry_key("dramatiq-unique"), {"dead-host:1:0": now - 600_000, "live-host:2:0": now + 600_000})
@@ -270,20 +283,24 @@ def test_the_reaper_frees_orphans_of_the_previous_release(env):
     queued_id = uuid.uuid4()
     env.broker.client.hset("dramatiq:default.msgs", str(queued_id), "{}")
     places = {
-        "dramatiq-unique:{dead}:run": ("t1", f"{token}||600000|rw|dead-host:1:0||||gone-1"),
-        "dramatiq-unique:{live}:run": ("t2", f"{token}||600000|rw|live-host:2:0||||busy"),
-        "dramatiq-unique:{lost}": ("gone-2", f"{token}|||qe||{short_uuid(uuid.uuid4())}|||"),
-        "dramatiq-unique:{queued}": ("waits", f"{token}|||qe||{short_uuid(queued_id)}|||"),
+        "dramatiq-unique:{dead}:run": f"t1|{token}||600000|rw|dead-host:1:0||settle|default|gone-1",
+        "dramatiq-unique:{live}:run": f"t2|{token}||600000|rw|live-host:2:0||settle|default|busy",
+        "dramatiq-unique:{lost}": f"gone-2|{token}|||qe||{short_uuid(uuid.uuid4())}|settle|default|",
+        "dramatiq-unique:{queued}": f"waits|{token}|||qe||{short_uuid(queued_id)}|settle|default|",
     }
-    for key, (owner, record) in places.items():
-        client.hset(key, mapping={"fence": token, "names": "settle|default", owner: record})
+    for key, line in places.items():
+        client.set(key, line, px=480_000 if key.endswith(":run") else None)
     report = reap_orphans(backend, broker=env.broker, logger=logging.getLogger("test.lock_fields"))
     assert (report.released_dead_workers, report.released_missing_messages) == (1, 1)
-    assert sorted((r.key, r.owner, r.holder["actor"]) for r in scan_all(backend)) == [
-        ("dramatiq-unique:{live}:run", "t2", "settle"),
-        ("dramatiq-unique:{queued}", "waits", "settle"),
+    assert sorted(
+        (r.key, r.owner, r.holder["actor"], r.holder.get("worker_id"), r.holder.get("redis_message_id"))
+        for r in scan_all(backend)
+    ) == [
+        ("dramatiq-unique:{live}:run", "t2", "settle", "live-host:2:0", None),
+        ("dramatiq-unique:{queued}", "waits", "settle", None, str(queued_id)),
     ]
-    # The fences of the reaped locks stay.
+    # The reaped locks left no key behind, and their next token is higher.
+    assert not client.exists("dramatiq-unique:{dead}:run") and not client.exists("dramatiq-unique:{lost}")
     assert backend.acquire("dramatiq-unique:{dead}:run", "t3", limit=1, ttl=None, holder=running("x")).token > token
 
 
@@ -292,19 +309,22 @@ def short_uuid(value: uuid.UUID) -> str:
     return base64.urlsafe_b64encode(value.bytes)[:22].decode()
 
 
-def test_the_record_of_an_owner_named_like_a_field(redis_client):
-    # The escape: such an owner's field takes one more "@" in front, and its record names its
-    # message, so a process of the previous release that reads the lock names the right one. Every
-    # other owner (a UUID, a run lock's hex) is recorded as before.
+def test_the_record_of_an_owner_holding_the_records_separators(redis_client):
+    # Issue 33: a lock is one string, a line per holder, oldest first: "<owner>|<token>|<late>|
+    # <lifetime>|<holder>", where the owner escapes "%", "|" and newlines (%25, %7C, %0A) and the
+    # message id is left out where it is the owner. 0.1's fields and their "@" escape are gone:
+    # "names" and "@fence" are written as they are, as every other owner (a UUID) is.
     backend = RedisBackend(client=redis_client)
     message_id = str(uuid.uuid4())
-    token = backend.acquire(KEY, message_id, limit=3, ttl=None, holder=queued(message_id)).token
-    escaped = backend.acquire(KEY, "names", limit=3, ttl=None, holder=queued("names")).token
-    twice = backend.acquire(KEY, "@fence", limit=3, ttl=None, holder=queued("@fence")).token
-    assert redis_client.hgetall(KEY) == {
-        b"fence": str(twice).encode(),
-        b"names": b"settle|payments",
-        message_id.encode(): f"{token}|||qe+|||||".encode(),
-        b"@names": f"{escaped}|||qe+|||||names".encode(),
-        b"@@fence": f"{twice}|||qe+|||||@fence".encode(),
-    }
+    tokens = [
+        backend.acquire(KEY, owner, limit=4, ttl=None, holder=queued(owner)).token
+        for owner in (message_id, "names", "@fence", "a|b%\nc")
+    ]
+    holder = "qe+|||settle|payments|"
+    assert redis_client.get(KEY).decode().split("\n") == [
+        f"{message_id}|{tokens[0]}|||{holder}",
+        f"names|{tokens[1]}|||{holder}",
+        f"@fence|{tokens[2]}|||{holder}",
+        f"a%7Cb%25%0Ac|{tokens[3]}|||{holder}",
+    ]
+    assert redis_client.get("dramatiq-unique:fence") == str(tokens[3]).encode()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import logging
 import os
+import re
+from pathlib import Path
 
 import dramatiq
 import pytest
@@ -12,7 +16,7 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import TimeLimit
 
 from dramatiq_unique import InvalidLockOptions, LockArgumentsError, StubBackend, UniqueJobs, enqueue_outcome
-from dramatiq_unique.digest import canonical_json, compute_digest
+from dramatiq_unique.digest import DIGEST_LENGTH, canonical_json, compute_digest
 from dramatiq_unique.keys import enqueue_key
 from dramatiq_unique.options import LONGEST_LOCK_DURATION
 
@@ -232,7 +236,9 @@ def test_the_digest_is_sha256_of_actor_queue_and_arguments():
             unique_across_queues=flags.get("across_queues", False),
         )
 
-    assert len(digest()) == 64 and int(digest(), 16) >= 0
+    # Issue 33: the first 128 bits of the SHA-256, in base64url without padding.
+    assert len(digest()) == DIGEST_LENGTH == 22 and re.fullmatch("[A-Za-z0-9_-]{22}", digest())
+    assert base64.urlsafe_b64decode(digest() + "==") == hashlib.sha256(b'["a","q",[1]]').digest()[:16]
     assert digest() == digest(queue="q.DQ") == digest(queue="q.XQ")  # the canonical queue
     assert digest() != digest(actor="b") and digest() != digest(queue="r") and digest() != digest(args=(2,))
     # D3
@@ -308,15 +314,36 @@ def digest_of(lock_args) -> str:
 
 
 def test_digests_of_ordinary_arguments_are_unchanged():
-    # D1: ordinary arguments keep the digests of earlier versions, so an upgrade keeps the locks it finds.
-    assert digest_of([[42, "2026-11-29"], {}]) == "622407cb60383753e77d2ea893632864d976b555fa1d79228f1348bfe5091514"
-    assert (
-        digest_of([[{"b": [1, 2.5, None, True], "a": "é ü 😀"}], {"at": "09:00", "n": -3}])
-        == "b6abc42985272be2d757a8be52a469eb111127a86f4f01ba7f303de1fb571686"
-    )
-    assert (
-        digest_of([(10**30, 1e-7, -0.0, "\u2028"), {"z": {"y": [], "x": {}}}])
-        == "d98546a377fa5713acd87701bd9b6f3774a6f7c9792db3340ef37da3020ffd5d"
+    # D1: the canonical JSON of ordinary arguments is the one earlier versions hashed. Issue 33
+    # keeps 128 bits of its SHA-256 in base64url: each digest is the first half of the 64-hex
+    # digest 0.1 gave the same arguments.
+    expected = {
+        "YiQHy2A4N1PnfS6ok2MoZA": "622407cb60383753e77d2ea893632864d976b555fa1d79228f1348bfe5091514",
+        "tqvEKYUnK-LXV6i-UqRp6w": "b6abc42985272be2d757a8be52a469eb111127a86f4f01ba7f303de1fb571686",
+        "2YVGo3f6VxOs2HcBvZtvNw": "d98546a377fa5713acd87701bd9b6f3774a6f7c9792db3340ef37da3020ffd5d",
+    }
+    for new, old in expected.items():
+        assert base64.urlsafe_b64encode(bytes.fromhex(old)[:16]).rstrip(b"=").decode() == new
+    assert list(expected) == [
+        digest_of([[42, "2026-11-29"], {}]),
+        digest_of([[{"b": [1, 2.5, None, True], "a": "é ü 😀"}], {"at": "09:00", "n": -3}]),
+        digest_of([(10**30, 1e-7, -0.0, "\u2028"), {"z": {"y": [], "x": {}}}]),
+    ]
+
+
+def test_the_documented_recipe_computes_the_digest():
+    # Issue 33: the recipe of "How the Redis backend stores locks", as a reader copies it, gives
+    # the digest the middleware computes.
+    page = (Path(__file__).parent.parent / "docs" / "backend-internals.md").read_text()
+    (recipe,) = re.findall(r"## The digest, byte by byte.*?```python\n(.*?)```", page, re.DOTALL)
+    namespace: dict = {}
+    exec(compile(recipe, "backend-internals.md", "exec"), namespace)
+    assert namespace["digest"] == compute_digest(
+        actor_name="settle_payment",
+        queue_name="payments",
+        lock_args=["evt_123"],
+        unique_across_actors=False,
+        unique_across_queues=False,
     )
 
 

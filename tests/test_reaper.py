@@ -16,6 +16,7 @@ from dramatiq.results.backends import StubBackend as StubResultBackend
 
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome, reap_orphans
 from dramatiq_unique.backends import Holder
+from dramatiq_unique.backends.base import format_record
 from dramatiq_unique.keys import registry_key
 from dramatiq_unique.liveness import worker_id
 from dramatiq_unique.reaper import Reaper
@@ -36,6 +37,15 @@ def scan_all(backend, prefix: str = PREFIX) -> set[tuple[str, str]]:
         places.update((r.key, r.owner) for r in records)
         if cursor == "0":
             return places
+
+
+def place_line(owner: str, holder: Holder, *, acquired_at: int, expires_at: int | None) -> str:
+    """The line of ``owner``'s place, taken at ``acquired_at`` (its token that millisecond's),
+    in a lock's value as the scripts write it (issue 33): "<owner>|<record>"."""
+    record = format_record(
+        expires_at=expires_at, token=acquired_at * 1000, acquired_at=acquired_at, holder=holder.encode(owner)
+    )
+    return f"{owner}|{record}"
 
 
 def plant_orphans(
@@ -247,7 +257,7 @@ def test_workers_trigger_the_reaper_actor_once_per_interval(triggering_env):
     now = env.backend.heartbeats(registry_key(PREFIX))[0]
     # An enqueue lock, a minute old (past the reaper's grace), whose message is gone.
     holder = Holder("lost", "settle", "default", "until_executed", "queued", redis_message_id="nowhere")
-    client.hset(f"{PREFIX}:{{lost}}", mapping={"fence": 1, "lost": f"|1|{now - 60_000}|{holder.to_json()}"})
+    client.set(f"{PREFIX}:{{lost}}", place_line("lost", holder, acquired_at=now - 60_000, expires_at=None))
     runs = []
     env.middleware.declare_reaper(env.broker)
     reaper = env.middleware.reaper
@@ -297,8 +307,8 @@ def test_run_locks_of_an_unregistered_worker_are_left_to_their_lease(redis_clien
     now = backend.heartbeats(registry_key(PREFIX))[0]
     for name, acquired_at in (("young", now - 1_000), ("old", now - 600_000)):
         holder = Holder(name, "sync", "default", "while_executing", "running", worker_id="old-host:7")
-        record = f"{now + 600_000}|1|{acquired_at}|{holder.to_json()}"
-        redis_client.hset(f"{PREFIX}:{{{name}}}:run", mapping={"fence": 1, "t": record})
+        line = place_line("t", holder, acquired_at=acquired_at, expires_at=now + 600_000)
+        redis_client.set(f"{PREFIX}:{{{name}}}:run", line, px=600_000)
     report = Reaper(backend, prefix=PREFIX, logger=LOGGER).run()
     assert report.released == 0
     assert scan_all(backend) == {(f"{PREFIX}:{{young}}:run", "t"), (f"{PREFIX}:{{old}}:run", "t")}

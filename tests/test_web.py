@@ -365,14 +365,17 @@ LOCKS = 100_000
 
 
 def create_locks(backend: RedisBackend, count: int) -> None:
-    """Locks in the current record format, through RedisBackend's own acquire script, pipelined."""
+    """Locks in the current record format, through RedisBackend's own acquire script, pipelined:
+    22-character digests, and the key of the hash slot (its format key) as acquire() passes
+    them (issue 33)."""
     pipe = backend.client.pipeline(transaction=False)
     for i in range(count):
         holder = Holder(
             message_id=f"m{i}", actor=f"actor{i % 7}", queue="default", lock="until_executed", state="queued"
         )
+        key = enqueue_key("dramatiq-unique", f"{i:022d}")
         backend._scripts.pipeline_call(
-            pipe, "acquire", [enqueue_key("dramatiq-unique", f"{i:064x}")], [f"m{i}", 1, 0, 0, holder.to_json()]
+            pipe, "acquire", [key, *backend._place_keys(key)], [f"m{i}", 1, 0, 0, holder.encode(f"m{i}")]
         )
         if i % 2000 == 1999:
             pipe.execute()
@@ -393,7 +396,7 @@ def test_paging_over_100000_locks_does_bounded_work_per_page(redis_client):
     started = time.monotonic()
     create_locks(backend, LOCKS)
     print(f"created {LOCKS} locks in {time.monotonic() - started:.1f}s")
-    assert redis_client.dbsize() == LOCKS
+    assert redis_client.dbsize() == LOCKS + 1  # and the prefix's format key
     c = Client(make_wsgi_app(backend), script_name=ROOT)
 
     pages, costs, seen = [c.get("/")], [], set()
@@ -409,9 +412,9 @@ def test_paging_over_100000_locks_does_bounded_work_per_page(redis_client):
     empty = []
     costs.append(commands_of(redis_client, lambda: empty.append(c.get("/", actor="nobody"))))
     assert empty[0].rows == [] and any("cursor=" in link for link in empty[0].parsed.links)
-    # A page reads at most 5 scan steps of about 100 keys: SCAN, TIME, one HGETALL per key and one
-    # LRANGE per lock found (its line, in the same round trip), plus the activity of the last hour
-    # (TIME and 60 HGETALL); nothing grows with the 100,000 locks.
+    # A page reads at most 5 scan steps of about 100 keys: SCAN, one MGET of the keys found and one
+    # LRANGE per lock found (its line), plus the activity of the last hour (TIME and 60 HGETALL);
+    # nothing grows with the 100,000 locks.
     print("commands per page:", costs)
     assert max(costs) <= 5 * (2 + 3 * 100) + 61
 
@@ -531,6 +534,10 @@ def test_the_page_of_a_redis_cluster_url_shows_the_locks_of_every_master(redis_c
     cluster_client.zadd(registry_key("dramatiq-unique"), {"far-host:1:0000": int(time.time() * 1000) + 60_000})
     url = f"redis://127.0.0.1:{redis_cluster.ports[0]}/0"
     # A client of the one node the URL names sees that node's locks only.
+    # FAILS on the issue 33 code (a bug, left for the code's fix): RedisBackend.scan reads the
+    # keys of a scan step with one MGET on a client that is no RedisCluster, and the node answers
+    # CROSSSLOT for keys of several slots, so the listing raises LockBackendError
+    # (ClusterCrossSlotError) where 0.1 read each key in a pipeline. The rest of the test passes.
     one_node = RedisBackend(url=url)
     assert len(list(Locks(one_node).list())) < len(sent)
     one_node.client.close()

@@ -45,7 +45,9 @@ _ESCAPE_CODE = re.compile("%([0-9A-Fa-f]{2})")
 def escape(text: str) -> str:
     """``text`` as a lock's record holds it: ``%``, ``|`` and newlines written ``%25``, ``%7C``
     and ``%0A``, so that no value ends a field or a record."""
-    return _ESCAPED.sub(lambda m: _ESCAPES[m.group()], text) if _ESCAPED.search(text) else text
+    if "%" in text or "|" in text or "\n" in text:
+        return _ESCAPED.sub(lambda m: _ESCAPES[m.group()], text)
+    return text
 
 
 def unescape(text: str) -> str:
@@ -207,6 +209,11 @@ class LockRecord:
     def parse(cls, key: str, owner: str, record: str) -> LockRecord:
         """Read a place as ``format_record()`` wrote it."""
         first, second, third, holder = record.split("|", 3)
+        # Digits only, as the scripts read them (int() would take "+5", " 5" or "1_0").
+        if not (first.isascii() and first.isdigit()) or not all(
+            n.isascii() and n.isdigit() for n in (second, third) if n
+        ):
+            raise ValueError(f"no record's numbers: {record!r}")
         token = int(first)
         acquired_at = token // 1000 - int(second or 0)
         return cls(

@@ -507,7 +507,8 @@ class RedisBackend(LockBackend):
                 position, keys = self.client.scan(int(cursor), match=pattern, count=count, _type="string")  # type: ignore[misc, unused-ignore]
                 next_cursor = str(position)
             keys = [key for key in map(_text, keys) if lock_kind(key)]
-            contents = self.client.mget(keys) if keys and not _is_cluster(self.client) else self._get_each(keys)
+            # One GET a key: a client of one node of a cluster cannot MGET keys of several slots.
+            contents = self._get_each(keys)
         except _REDIS_ERRORS as e:
             raise _backend_error(e) from e
         records: list[LockRecord] = []
@@ -517,7 +518,7 @@ class RedisBackend(LockBackend):
         return next_cursor, records
 
     def _get_each(self, keys: Sequence[str]) -> list[Any]:
-        """The values at ``keys``, in one pipeline (on a cluster, keys of many slots)."""
+        """The values at ``keys``, in one pipeline."""
         pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call, unused-ignore]
         for key in keys:
             pipe.get(key)
@@ -1135,9 +1136,10 @@ def _unreadable_lock(error: str) -> LockBackendError:
         return LockBackendError(f"The Redis lock backend met a lock it cannot read: {error}")
     value = found["value"] + ("…" if found.get("cut") else "")
     return LockBackendError(
-        f"The Redis lock backend took no place in lock {key!r}: it holds field {found['field']!r} = {value!r}, which "
-        "is not a record of this version (written by another version, or by hand), and no place is taken beside "
-        "what cannot be read. Remove that field (see Errors in the docs) to use this lock again."
+        f"The Redis lock backend took no place in lock {key!r}: the place of {found['field']!r} holds {value!r}, "
+        "which is not a record of this version (written by another version, or by hand), and no place is taken "
+        "beside what cannot be read. Remove that line of the lock's value, or the key (see Errors in the docs), to "
+        "use this lock again."
     )
 
 

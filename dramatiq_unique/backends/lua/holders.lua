@@ -342,17 +342,20 @@ local function new_places_refused(refusal, mark, found)
   return false
 end
 
--- Reads, in one MGET, the lock at KEYS[1] and the keys of its hash slot that the script was
+-- Reads the lock at KEYS[1] and, in one MGET, the keys of its hash slot that the script was
 -- given from KEYS[first] on: the format key, the refusal and the mark (new_places_refused; the
 -- last two may be left out, or all three). Opens the slot (open_slot); returns the lock's value
 -- and whether new places are refused.
 local function read_for_place(keys, first)
-  if not keys[first] then return redis.call("GET", keys[1]), false end
-  local found = redis.call("MGET", keys[1], unpack(keys, first))
-  open_slot(keys[first], found[2])
+  -- GET, not MGET, for the lock: MGET answers nothing for a key of another type (a lock of 0.1,
+  -- a hand edit), which a new place would then overwrite; GET fails on it.
+  local value = redis.call("GET", keys[1])
+  if not keys[first] then return value, false end
+  local found = redis.call("MGET", unpack(keys, first))
+  open_slot(keys[first], found[1])
   local refused = false
-  if keys[first + 1] then refused = new_places_refused(keys[first + 1], keys[first + 2], {found[3], found[4]}) end
-  return found[1], refused
+  if keys[first + 1] then refused = new_places_refused(keys[first + 1], keys[first + 2], {found[2], found[3]}) end
+  return value, refused
 end
 
 -- Takes one of the `limit` places of the lock for `owner`, or keeps the place
