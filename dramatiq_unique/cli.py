@@ -69,8 +69,8 @@ examples:
   $ dramatiq-unique explain myapp.tasks:settle_payment '["evt_123", {"amount": 100}]'
 
   # One lock, then free it; free every lock of one actor.
-  $ dramatiq-unique show 6d26e4e2f58a0d7c3d6f6709ee14d716a022d73cf86a5da6fd5f8e12e6066176
-  $ dramatiq-unique unlock 6d26e4e2f58a0d7c3d6f6709ee14d716a022d73cf86a5da6fd5f8e12e6066176
+  $ dramatiq-unique show A3QW7mGGvwLB5oZHvzHpkA
+  $ dramatiq-unique unlock A3QW7mGGvwLB5oZHvzHpkA
   $ dramatiq-unique unlock --actor settle_payment --all --dry-run
 
   # Run the orphan reaper once (with --app it also asks the broker about enqueue locks).
