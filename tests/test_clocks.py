@@ -154,14 +154,15 @@ def test_a_lapse_that_nothing_saw_is_undone_by_a_step_back_and_no_token_goes_bac
 def test_a_released_lock_leaves_no_key_and_the_slots_counter_outlasts_the_clock(server):
     # Issue 33 (0.1 kept a lock's fence in its key for a retention judged by the server's clock,
     # fence_retention, then let it go): the lock's key goes with its last holder, so freed locks
-    # cost no memory; what keeps tokens growing is the slot's counter, which never expires: past
+    # cost no memory; what keeps tokens growing is the slot's format key, holding its last token,
+    # which never expires: past
     # what the retention was, and after a step back then, a new token is still greater.
     backend = RedisBackend(client=server.client)
     first = backend.acquire(KEY, "m1", limit=1, ttl=None, holder=holder("m1"))
     assert backend.release(KEY, "m1")
-    assert sorted(server.client.keys("*")) == [b"dramatiq-unique:fence", b"dramatiq-unique:format"]
+    assert server.client.keys("*") == [b"dramatiq-unique:format"]
     server.step_to(+61)
-    assert server.client.get("dramatiq-unique:fence") == str(first.token).encode()
+    assert server.client.get("dramatiq-unique:format").endswith(f" {first.token}".encode())
     server.step_to(-TEN_MINUTES)
     second = backend.acquire(KEY, "m2", limit=1, ttl=None, holder=holder("m2"))
     assert second.acquired and second.token == first.token + 1

@@ -15,6 +15,7 @@ import pytest
 from dramatiq_unique import LockBackendError, Locks, RedisBackend, StubBackend, enqueue_outcome, reap_orphans
 from dramatiq_unique.backends import Holder
 from dramatiq_unique.keys import enqueue_key, registry_key
+from dramatiq_unique.version import __version__
 
 from .support import Gate, scan_all, wait_for
 
@@ -208,22 +209,27 @@ def test_a_send_to_a_lock_of_0_1_raises_naming_the_key_and_enqueues_nothing(env)
     assert client.hgetall(key) == written
 
 
-def fence_of(client) -> bytes:
-    """The key of the one token counter under the default prefix (one Redis, or a cluster's slot)."""
-    (fence,) = client.scan_iter(match="dramatiq-unique:fence*")
-    return fence
+def format_key_of(client) -> bytes:
+    """The one format key under the default prefix, which keeps the last token of its hash slot
+    (one Redis, or a cluster's slot)."""
+    (key,) = client.scan_iter(match="dramatiq-unique:format*")
+    return key
+
+
+def last_token(client) -> int:
+    return int(client.get(format_key_of(client)).split()[-1])
 
 
 def test_tokens_keep_growing_after_the_last_holder_left_and_the_key_went(redis_backend):
     # Issue 33 (0.1 kept a "fence" field in a freed lock): a lock's key goes with its last holder,
-    # and the last token issued in its hash slot is kept by the slot's counter, which no holder
+    # and the last token issued in its hash slot is kept by the slot's format key, which no holder
     # can overwrite: set above the clock, as after a step back of it, it keeps every new token
     # above it, in this lock and in one never held before in that slot.
     client = redis_backend.client
     assert redis_backend.acquire(KEY, "fence", limit=1, ttl=None, holder=queued("fence")).acquired
     assert redis_backend.release(KEY, "fence")
     fence = (server_now(client) + 600_000) * 1000  # ten minutes ahead of the clock
-    client.set(fence_of(client), fence)
+    client.set(format_key_of(client), f"1 {__version__} {fence}")
     tokens = []
     for owner in ("fence", "names", "m1"):
         assert redis_backend.read([KEY])[1] == [] and not client.exists(KEY)
@@ -233,7 +239,7 @@ def test_tokens_keep_growing_after_the_last_holder_left_and_the_key_went(redis_b
         tokens.append(taken.token)
         assert redis_backend.release(KEY, owner)
     assert tokens == [fence + 1, fence + 2, fence + 3]
-    assert not client.exists(KEY) and client.get(fence_of(client)) == str(fence + 3).encode()
+    assert not client.exists(KEY) and last_token(client) == fence + 3
     # Another lock of the same slot (its digest's hash tag, the run lock of this one).
     assert redis_backend.acquire(RUN_KEY, "t1", limit=1, ttl=None, holder=running("m1")).token == fence + 4
 
@@ -327,4 +333,4 @@ def test_the_record_of_an_owner_holding_the_records_separators(redis_client):
         f"@fence|{tokens[2]}|||{holder}",
         f"a%7Cb%25%0Ac|{tokens[3]}|||{holder}",
     ]
-    assert redis_client.get("dramatiq-unique:fence") == str(tokens[3]).encode()
+    assert last_token(redis_client) == tokens[3]

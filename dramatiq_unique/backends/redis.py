@@ -1132,7 +1132,8 @@ def _newer_format(marker: str, keys: Sequence[str]) -> LockBackendError:
     """The error of a script that met a format marker of another version, said once per prefix
     as an ERROR: the process locks nothing there until it is upgraded."""
     prefix = next((found for key in keys if (found := prefix_of(key)) is not None), "?")
-    error = NewerLockFormat(prefix, marker)
+    # The server adds where the script failed; the format key's value ends with the last token.
+    error = NewerLockFormat(prefix, " ".join(marker.split(" script: ")[0].split()[:2]))
     if prefix not in _newer_formats_told:
         _newer_formats_told.add(prefix)
         _logger.error("%s", error)

@@ -273,6 +273,19 @@ local function reject_unreadable(key)
   end
 end
 
+-- Sets `key` to `value` until `at` (ms of this server's clock). Redis drops a key once its clock
+-- is past the key's expiry, and a place lapses once the clock reaches its own: the key expires a
+-- millisecond before, so that a lock of one place found by a script has not lapsed. SET ... PXAT
+-- needs Redis 6.2; Redis 7 and Valkey tell their version to a script, Redis 6 does not.
+local function set_until(key, value, at)
+  if redis.REDIS_VERSION_NUM then
+    redis.call("SET", key, value, "PXAT", at - 1)
+  else
+    redis.call("SET", key, value)
+    redis.call("PEXPIREAT", key, at - 1)
+  end
+end
+
 -- Writes the lock at `key` as this script left it: its holders, and the lines it kept; without
 -- any, the key goes. The key expires with its longest-lived holder (never, for one that never
 -- lapses); while messages wait in its line, LINE_RETENTION ms later, so that the step that hands
@@ -310,12 +323,7 @@ local function expire_with_holders(key)
     return
   end
   if lock.waits then latest = latest + LINE_RETENTION end
-  if now_ms and latest > now_ms then
-    redis.call("SET", key, value, "PX", latest - now_ms)
-  else
-    redis.call("SET", key, value)
-    redis.call("PEXPIREAT", key, latest)
-  end
+  set_until(key, value, latest)
 end
 
 -- Whether new places are refused because the store lost its data and heals: `refusal`
@@ -426,7 +434,7 @@ local function acquire(key, owner, limit, ttl, extend, holder, refused, value)
     local token = new_token()
     if ttl > 0 then
       local expires_at = now + ttl + extend
-      redis.call("SET", key, escape(owner) .. "|" .. format_record(expires_at, token, now, holder), "PX", ttl + extend)
+      set_until(key, escape(owner) .. "|" .. format_record(expires_at, token, now, holder), expires_at)
       close_slot()
       return {1, token, expires_at}
     end
