@@ -17,8 +17,8 @@ Run: python benchmarks/memory.py  (uses REDIS_URL, else a bundled server)
 
 from __future__ import annotations
 
-import collections
 import base64
+import collections
 import hashlib
 import uuid
 from collections.abc import Iterable
