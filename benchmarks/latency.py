@@ -35,10 +35,10 @@ from dramatiq_unique.keys import enqueue_key
 
 try:
     from ._server import redis_url
-    from .server_time import SCRIPT_CALLS, commandstats, spent
+    from .server_time import SCRIPT_CALLS, commandstats, queued_holders, spent
 except ImportError:
     from _server import redis_url
-    from server_time import SCRIPT_CALLS, commandstats, spent
+    from server_time import SCRIPT_CALLS, commandstats, queued_holders, spent
 
 ROUNDS = 15
 BLOCK = 300
@@ -115,17 +115,7 @@ def operations(client: redis.Redis, prefix: str, count: int) -> dict[str, Callab
         trivial(keys=[f"{prefix}:{i}"], args=[])
 
     # A new digest each time, as a job with its own arguments has; made before the clock runs.
-    holders = [
-        Holder(
-            message_id=str(uuid.uuid4()),
-            actor="settle_payment",
-            queue="payments",
-            lock="until_executed",
-            state="queued",
-            redis_message_id=str(uuid.uuid4()),
-        )
-        for _ in range(-1, count * BLOCK)
-    ]
+    holders = queued_holders(count * BLOCK + 1)
     keys = [enqueue_key(prefix, uuid.uuid4().hex * 2) for _ in holders]
 
     def acquire_release(i: int) -> None:

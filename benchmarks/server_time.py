@@ -148,12 +148,9 @@ def redis_py_locks(locks_url: str, calls: int) -> float:
     return spent(before, after, ("set", *SCRIPT_CALLS))[1] / calls
 
 
-def backend_lifecycles(backend: RedisBackend, calls: int) -> float:
-    """Server µs per acquire + release of an until_executed lock on a new key, by ``backend``."""
-    client = backend.client
-    prefix = f"bench-{uuid.uuid4().hex[:8]}"
-    # Queued RedisBroker messages, each with arguments of its own (a new digest), made before the clock runs.
-    holders = [
+def queued_holders(count: int) -> list[Holder]:
+    """The holders of ``count`` queued RedisBroker messages of an until_executed actor."""
+    return [
         Holder(
             message_id=str(uuid.uuid4()),
             actor="settle_payment",
@@ -162,8 +159,16 @@ def backend_lifecycles(backend: RedisBackend, calls: int) -> float:
             state="queued",
             redis_message_id=str(uuid.uuid4()),
         )
-        for _ in range(calls)
+        for _ in range(count)
     ]
+
+
+def backend_lifecycles(backend: RedisBackend, calls: int) -> float:
+    """Server µs per acquire + release of an until_executed lock on a new key, by ``backend``."""
+    client = backend.client
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    # Made before the clock runs.
+    holders = queued_holders(calls)
     keys = [enqueue_key(prefix, uuid.uuid4().hex * 2) for _ in holders]
     before = commandstats(client)
     for key, holder in zip(keys, holders, strict=True):
