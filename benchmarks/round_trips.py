@@ -36,24 +36,23 @@ TARGETS = {
 
 #: What the lock scripts run inside Redis; any other command would be an extra round trip.
 SCRIPT_COMMANDS = {
-    # Whether new places are refused while the store heals after a loss of its data (with the mark: MGET).
+    # Whether new places are refused while the store heals after a loss of its data.
     "exists",
+    # The lock, then its hash slot's format key (with the last token), the refusal and the mark.
+    "get",
     "mget",
     "time",
-    "hgetall",
-    "object|encoding",
-    "hget",
-    "hset",
-    "hdel",
+    # The lock (with a lock_ttl, SET ... PXAT), and with the slot's last token in one MSET without.
+    "set",
+    "mset",
+    # The last holder left: the key goes.
     "del",
     "pexpireat",
-    "persist",
     "srem",
     "sadd",
     "pexpire",
-    "dump",
-    "restore",
-    # Every release looks at the lock's line for a message to hand its place to.
+    "hdel",
+    # A step that frees a place where messages wait in line hands it to the head of the line.
     "lindex",
 }
 
