@@ -6,6 +6,9 @@ steps (scan, release_record, hand_again) and the operations API (Locks.get, unlo
 After every step both must have answered the same, through the public backend API only: the
 records and tokens each stores are its own, so tokens are compared by what can be compared
 (present, increasing on each lock, kept by a re-entry) and records by what they tell.
+
+A run takes about half a minute: $MODEL_EXAMPLES examples (100) of up to $MODEL_STEPS steps
+(50). Raise them for a longer search; a difference found prints the steps that lead to it.
 """
 
 from __future__ import annotations
@@ -38,13 +41,13 @@ LAPSE = 0.03
 TICK = 0.002
 
 MESSAGES = ("m0", "m1", "m2", "m3")
-LIMITS = st.integers(min_value=1, max_value=3)
 TTLS = st.sampled_from([None, LONG, SHORT])
-WAITERS = st.none() | st.builds(
-    lambda line_limit, keeps_latest: (line_limit, keeps_latest),
-    st.integers(min_value=1, max_value=3),
-    st.booleans(),
-)
+#: A line: how many may wait in it, and whether the newest keeps the last place of a full one.
+LINES = st.tuples(st.integers(min_value=1, max_value=3), st.booleans())
+#: A step's lock_limit: mostly the actor's (None), as the middleware passes it.
+LIMITS = st.sampled_from([None, None, 1, 2, 3])
+#: A step's line: mostly the actor's ("actor"), as the middleware passes it.
+WAITERS = st.sampled_from(["actor", "actor", None]) | LINES
 #: A token no place ever has: a copy of a message that a line never handed this place.
 BOGUS = "123"
 NAMES = ("stub", "redis")
@@ -106,11 +109,29 @@ def view(locks: tuple[LockInfo, ...]) -> list[Any]:
     ]
 
 
-def places(records: list[LockRecord]) -> list[Any]:
-    """Scanned places without their tokens and times, and whether each lapsed."""
+def places(records: list[LockRecord], now: int) -> list[Any]:
+    """Scanned places without their tokens and times: whether each never lapses, or lapsed."""
     return sorted(
-        (r.key, r.owner, sorted(r.holder.items()), r.expires_at is None) for r in records if r.unreadable is None
+        (
+            r.key,
+            r.owner,
+            sorted(r.holder.items()),
+            r.expires_at is None,
+            r.expires_at is not None and r.expires_at <= now,
+        )
+        for r in records
+        if r.unreadable is None
     )
+
+
+def scan_prefix(backend: LockBackend, prefix: str) -> list[LockRecord]:
+    """Every place under ``prefix``, lapsed ones too, as the orphan reaper reads them."""
+    records, cursor = [], "0"
+    while True:
+        cursor, step = backend.scan(prefix, cursor, 100)
+        records.extend(step)
+        if cursor == "0":
+            return records
 
 
 class BackendModel(RuleBasedStateMachine):
@@ -129,6 +150,9 @@ class BackendModel(RuleBasedStateMachine):
         self.handed: dict[str, list[bytes]] = {name: [] for name in NAMES}
         for name, backend in self.backends.items():
             backend.handoffs = self.handed[name].extend
+        self.lock_limit, self.line = 1, None
+        #: The messages that hold a place in each lock, as the last look found.
+        self.holding: dict[str, set[str]] = {}
         self.attempts = 0
         #: The run lock's owners so far: one per attempt.
         self.run_owners: list[str] = []
@@ -197,21 +221,43 @@ class BackendModel(RuleBasedStateMachine):
         return owner
 
     def copy(self, data: st.DataObject, message_id: str) -> dict[str, str]:
-        """A copy of the message as it starts: none a line handed, one a line handed (the
-        latest or an earlier one), or one with a token no place had."""
-        options = [dict.fromkeys(NAMES, ""), dict.fromkeys(NAMES, BOGUS), *self.copies[message_id]]
-        return data.draw(st.sampled_from(options[::-1]), label="copy")
+        """A copy of the message as it starts: mostly the one a line handed it last, if any; else
+        none a line handed, an earlier one, or one with a token no place had."""
+        copies = self.copies[message_id]
+        if copies and data.draw(st.booleans(), label="latest copy"):
+            return copies[-1]
+        options = [dict.fromkeys(NAMES, ""), dict.fromkeys(NAMES, BOGUS), *copies]
+        return data.draw(st.sampled_from(options), label="copy")
 
-    def owner(self, data: st.DataObject) -> str:
-        return data.draw(st.sampled_from([*MESSAGES, *self.run_owners[-4:]]), label="owner")
+    def message(self, data: st.DataObject, key: str | None = None) -> str:
+        """A message: mostly one that holds a place in the lock at ``key``, or was handed one."""
+        likely = sorted(self.holding.get(key, set())) if key else [m for m in MESSAGES if self.copies[m]]
+        if likely and data.draw(st.integers(0, 3), label="likely"):
+            return data.draw(st.sampled_from(likely), label="message")
+        return data.draw(st.sampled_from(MESSAGES), label="message")
+
+    def owner(self, data: st.DataObject, key: str) -> str:
+        """Mostly one that holds a place in the lock, as the last look found."""
+        held = sorted(self.tokens["stub"].get(key, {}))
+        if held and data.draw(st.integers(0, 3), label="held"):
+            return data.draw(st.sampled_from(held), label="owner")
+        return data.draw(st.sampled_from([*MESSAGES, *self.run_owners[-3:]]), label="owner")
 
     def key(self, data: st.DataObject) -> str:
         return data.draw(st.sampled_from([self.enqueue, self.run]), label="key")
 
+    def limit(self, limit: int | None) -> int:
+        return self.lock_limit if limit is None else limit
+
+    def waiter(self, message_id: str, line: Any) -> Waiter | None:
+        return waiter(message_id, self.line if line == "actor" else line)
+
     # Sends ---------------------------------------------------------------------------
 
-    @initialize()
-    def start_clean(self) -> None:
+    @initialize(lock_limit=st.integers(min_value=1, max_value=2), line=LINES | st.none())
+    def actor(self, lock_limit: int, line: tuple[int, bool] | None) -> None:
+        """The actor's lock_limit, and its line (``wait``, ``keep_latest``) or none."""
+        self.lock_limit, self.line = lock_limit, line
         self.look()
 
     @rule(
@@ -222,12 +268,14 @@ class BackendModel(RuleBasedStateMachine):
         replaceable=st.booleans(),
         line=WAITERS,
     )
-    def send(self, message_id: str, limit: int, ttl: int | None, extend: int, replaceable: bool, line: Any) -> None:
+    def send(
+        self, message_id: str, limit: int | None, ttl: int | None, extend: int, replaceable: bool, line: Any
+    ) -> None:
         """A send takes a place in the enqueue lock, or waits in its line (``wait``, ``keep_latest``)."""
         answers = self.both(
             lambda _, b: b.acquire(
-                self.enqueue, message_id, limit=limit, ttl=ttl, holder=queued(message_id, replaceable=replaceable),
-                extend=extend, waiter=waiter(message_id, line),
+                self.enqueue, message_id, limit=self.limit(limit), ttl=ttl,
+                holder=queued(message_id, replaceable=replaceable), extend=extend, waiter=self.waiter(message_id, line),
             ),
             lapse=ttl == SHORT and not extend,
         )  # fmt: skip
@@ -239,11 +287,11 @@ class BackendModel(RuleBasedStateMachine):
         ttl=TTLS,
         cap=st.sampled_from([None, LONG, SHORT]),
     )
-    def send_replacing(self, message_id: str, limit: int, ttl: int | None, cap: int | None) -> None:
+    def send_replacing(self, message_id: str, limit: int | None, ttl: int | None, cap: int | None) -> None:
         """A send that takes the place of the oldest replaceable queued holder (``replace``, ``debounce``)."""
         answers = self.both(
             lambda _, b: b.replace(
-                self.enqueue, message_id, replaced_key=self.replaced, limit=limit, ttl=ttl,
+                self.enqueue, message_id, replaced_key=self.replaced, limit=self.limit(limit), ttl=ttl,
                 holder=queued(message_id, replaceable=True), debounce_cap=cap,
             ),
             lapse=ttl == SHORT or cap == SHORT,
@@ -252,9 +300,10 @@ class BackendModel(RuleBasedStateMachine):
 
     # Starts --------------------------------------------------------------------------
 
-    @rule(message_id=st.sampled_from(MESSAGES), release=st.booleans(), data=st.data())
-    def claim(self, message_id: str, release: bool, data: st.DataObject) -> None:
+    @rule(release=st.booleans(), data=st.data())
+    def claim(self, release: bool, data: st.DataObject) -> None:
         """A message that holds its enqueue place starts: it gives it up, or records it runs."""
+        message_id = self.message(data, self.enqueue)
         copy = self.copy(data, message_id)
         answers = self.both(
             lambda name, b: b.claim(
@@ -264,28 +313,30 @@ class BackendModel(RuleBasedStateMachine):
         )  # fmt: skip
         self.same(answers)
 
-    @rule(message_id=st.sampled_from(MESSAGES), limit=LIMITS, ttl=TTLS, line=WAITERS, data=st.data())
-    def swap(self, message_id: str, limit: int, ttl: int | None, line: Any, data: st.DataObject) -> None:
+    @rule(limit=LIMITS, ttl=TTLS, line=WAITERS, data=st.data())
+    def swap(self, limit: int | None, ttl: int | None, line: Any, data: st.DataObject) -> None:
         """until_and_while_executing starts: its enqueue place for a place in the run lock."""
+        message_id = self.message(data, self.enqueue)
         copy, owner = self.copy(data, message_id), self.new_owner()
         answers = self.both(
             lambda name, b: b.swap(
                 release_key=self.enqueue, release_owner=message_id, replaced_key=self.replaced, acquire_key=self.run,
-                owner=owner, limit=limit, ttl=ttl, holder=running(message_id, "until_and_while_executing"),
-                waiter=waiter(message_id, line), starting=copy[name],
+                owner=owner, limit=self.limit(limit), ttl=ttl, holder=running(message_id, "until_and_while_executing"),
+                waiter=self.waiter(message_id, line), starting=copy[name],
             ),
             lapse=ttl == SHORT,
         )  # fmt: skip
         self.check_acquisition(answers, self.run, owner)
 
-    @rule(message_id=st.sampled_from(MESSAGES), limit=LIMITS, ttl=TTLS, line=WAITERS, data=st.data())
-    def start_run(self, message_id: str, limit: int, ttl: int | None, line: Any, data: st.DataObject) -> None:
+    @rule(limit=LIMITS, ttl=TTLS, line=WAITERS, data=st.data())
+    def start_run(self, limit: int | None, ttl: int | None, line: Any, data: st.DataObject) -> None:
         """while_executing starts: a place in the run lock, or a place in its line."""
+        message_id = self.message(data)
         copy, owner = self.copy(data, message_id), self.new_owner()
         answers = self.both(
             lambda name, b: b.acquire(
-                self.run, owner, limit=limit, ttl=ttl, holder=running(message_id, "while_executing"),
-                waiter=waiter(message_id, line), starting=copy[name] if line else None,
+                self.run, owner, limit=self.limit(limit), ttl=ttl, holder=running(message_id, "while_executing"),
+                waiter=self.waiter(message_id, line), starting=copy[name] if self.waiter(message_id, line) else None,
             ),
             lapse=ttl == SHORT,
         )  # fmt: skip
@@ -295,18 +346,20 @@ class BackendModel(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        key, owner = self.key(data), self.owner(data)
+        key = self.key(data)
+        owner = self.owner(data, key)
         self.same(self.both(lambda _, b: b.release(key, owner)))
 
     @rule(data=st.data(), count=st.integers(min_value=1, max_value=3))
     def release_many(self, data: st.DataObject, count: int) -> None:
-        chosen = [(self.key(data), self.owner(data)) for _ in range(count)]
+        chosen = [(key, self.owner(data, key)) for key in (self.key(data) for _ in range(count))]
         self.same(self.both(lambda _, b: b.release_many(chosen)))
 
     @rule(data=st.data(), ttl=st.sampled_from([SHORT, LONG]), deadline=st.sampled_from([None, LONG // 2, -LONG]))
     def renew(self, data: st.DataObject, ttl: int, deadline: int | None) -> None:
         """A lease renewal, never past its deadline (one that passed leaves the expiry as it was)."""
-        key, owner = self.key(data), self.owner(data)
+        key = self.key(data)
+        owner = self.owner(data, key)
 
         def step(_: str, b: LockBackend) -> int | None:
             return b.renew(key, owner, ttl=ttl, deadline=None if deadline is None else b.time() + deadline)
@@ -315,13 +368,14 @@ class BackendModel(RuleBasedStateMachine):
 
     @rule(data=st.data(), count=st.integers(min_value=1, max_value=3))
     def renew_many(self, data: st.DataObject, count: int) -> None:
-        chosen = [(self.key(data), self.owner(data)) for _ in range(count)]
+        chosen = [(key, self.owner(data, key)) for key in (self.key(data) for _ in range(count))]
         answers = self.both(lambda _, b: b.renew_many([Lease(key, owner, LONG) for key, owner in chosen]))
         self.same(answers, lambda answer: [renewed(a) for a in answer])
 
-    @rule(message_id=st.sampled_from(MESSAGES), data=st.data())
-    def record_handoff(self, message_id: str, data: st.DataObject) -> None:
+    @rule(data=st.data())
+    def record_handoff(self, data: st.DataObject) -> None:
         """A message a line handed a place reaches the broker, stamped with a copy's token."""
+        message_id = self.message(data)
         copy, key = self.copy(data, message_id), self.key(data)
         holder = Holder(message_id, "post", "default", "until_executed", "queued", redis_message_id="broker-id")
 
@@ -335,17 +389,12 @@ class BackendModel(RuleBasedStateMachine):
     @rule()
     def scan(self) -> None:
         """The reaper reads every place, lapsed ones too, for the steps that follow."""
-        found: dict[str, list[LockRecord]] = {}
+        found: dict[str, list[Any]] = {}
         for name, backend in self.backends.items():
-            records, cursor = [], "0"
-            while True:
-                cursor, step = backend.scan(self.prefix, cursor, 100)
-                records.extend(step)
-                if cursor == "0":
-                    break
-            found[name] = records
+            records = scan_prefix(backend, self.prefix)
+            found[name] = places(records, backend.time())
             self.scanned[name] = {(r.key, r.owner): r for r in records}
-        assert places(found["stub"]) == places(found["redis"])
+        assert found["stub"] == found["redis"]
         time.sleep(TICK)
 
     @rule(data=st.data(), broker=st.booleans())
@@ -434,10 +483,13 @@ class BackendModel(RuleBasedStateMachine):
                     else:
                         assert h.token > self.highest[name].get(lock.key, 0), f"{name}: a new place has a higher token"
                 tokens[lock.key] = {h.place.owner: h.token for h in lock.holders}
+                if name == "stub":
+                    self.holding[lock.key] = {h.message_id for h in lock.holders}
             for key, token in [*self.issued[name], *((k, t) for k, held in tokens.items() for t in held.values())]:
                 self.highest[name][key] = max(self.highest[name].get(key, 0), token)
             self.issued[name].clear()
             self.tokens[name] = tokens
+        self.holding = {key: held for key, held in self.holding.items() if key in self.tokens["stub"]}
 
 
 def test_stub_backend_answers_as_redis_backend_does_issue_33(redis_client: redis.Redis) -> None:
@@ -445,8 +497,8 @@ def test_stub_backend_answers_as_redis_backend_does_issue_33(redis_client: redis
     run_state_machine_as_test(
         BackendModel,
         settings=settings(
-            max_examples=int(os.environ.get("MODEL_EXAMPLES", "40")),
-            stateful_step_count=int(os.environ.get("MODEL_STEPS", "30")),
+            max_examples=int(os.environ.get("MODEL_EXAMPLES", "100")),
+            stateful_step_count=int(os.environ.get("MODEL_STEPS", "50")),
             deadline=None,
             database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -462,15 +514,6 @@ def backend(request: pytest.FixtureRequest) -> LockBackend:
     if request.param == "stub":
         return StubBackend()
     return RedisBackend(client=request.getfixturevalue("redis_client"))
-
-
-def scan_prefix(backend: LockBackend, prefix: str) -> list[LockRecord]:
-    records, cursor = [], "0"
-    while True:
-        cursor, step = backend.scan(prefix, cursor, 100)
-        records.extend(step)
-        if cursor == "0":
-            return records
 
 
 def line_of_two(backend: LockBackend, key: str, ttl: int) -> list[bytes]:
