@@ -27,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from dramatiq_unique import Locks, RedisBackend, StubBackend
 from dramatiq_unique.backends import Acquisition, Holder, Lease, LockBackend, LockRecord, Waiter
+from dramatiq_unique.digest import compute_digest
 from dramatiq_unique.errors import LineNeedsBroker, LockBackendError, LockStoreHealing
 from dramatiq_unique.held import LockInfo
 from dramatiq_unique.keys import enqueue_key, replaced_key, run_key
@@ -51,6 +52,17 @@ WAITERS = st.sampled_from(["actor", "actor", None]) | LINES
 #: A token no place ever has: a copy of a message that a line never handed this place.
 BOGUS = "123"
 NAMES = ("stub", "redis")
+
+
+def new_digest() -> str:
+    """A digest no other example uses, as the middleware computes one."""
+    return compute_digest(
+        actor_name="post",
+        queue_name="default",
+        lock_args=[uuid.uuid4().hex],
+        unique_across_actors=False,
+        unique_across_queues=False,
+    )
 
 
 def queued(message_id: str, *, replaceable: bool = False) -> Holder:
@@ -142,7 +154,7 @@ class BackendModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.prefix = f"model-{uuid.uuid4().hex[:12]}"
-        self.digest = uuid.uuid4().hex
+        self.digest = new_digest()
         self.enqueue = enqueue_key(self.prefix, self.digest)
         self.run = run_key(self.prefix, self.digest)
         self.replaced = replaced_key(self.prefix, self.digest)
@@ -531,7 +543,7 @@ def line_of_two(backend: LockBackend, key: str, ttl: int) -> list[bytes]:
 def test_reading_the_locks_leaves_a_lapsed_place_for_the_reaper_to_hand_to_the_line_issue_33(backend):
     # StubBackend's read dropped a lapsed place, as no step that reads may: the orphan reaper then
     # found nothing lapsed, and the message waiting in the line waited for ever.
-    prefix, digest = f"model-{uuid.uuid4().hex[:12]}", uuid.uuid4().hex
+    prefix, digest = f"model-{uuid.uuid4().hex[:12]}", new_digest()
     key = run_key(prefix, digest)
     handed = line_of_two(backend, key, 50)
     time.sleep(0.1)
@@ -545,7 +557,7 @@ def test_reading_the_locks_leaves_a_lapsed_place_for_the_reaper_to_hand_to_the_l
 def test_a_start_that_fails_leaves_a_lapsed_enqueue_place_for_the_reaper_issue_33(backend):
     # StubBackend's swap of a copy a line handed a place dropped the lapsed places of the enqueue
     # lock without handing them to its line, where swap.lua only reads the starting message's place.
-    prefix, digest = f"model-{uuid.uuid4().hex[:12]}", uuid.uuid4().hex
+    prefix, digest = f"model-{uuid.uuid4().hex[:12]}", new_digest()
     enqueue, run = enqueue_key(prefix, digest), run_key(prefix, digest)
     handed: list[bytes] = []
     backend.handoffs = handed.extend
