@@ -32,6 +32,9 @@ from dramatiq_unique.errors import LineNeedsBroker, LockBackendError, LockStoreH
 from dramatiq_unique.held import LockInfo
 from dramatiq_unique.keys import enqueue_key, replaced_key, run_key
 
+#: Longer than the suite's: a difference found is shrunk to its shortest steps, which takes minutes.
+pytestmark = pytest.mark.timeout(300)
+
 #: A place that outlives any example.
 LONG = 60_000
 #: A place that lapses within the step that took it: the step then waits LAPSE seconds.
@@ -176,7 +179,7 @@ class BackendModel(RuleBasedStateMachine):
         self.highest: dict[str, dict[str, int]] = {name: {} for name in NAMES}
         #: The tokens the answers of this step told of, by key.
         self.issued: dict[str, list[tuple[str, int]]] = {name: [] for name in NAMES}
-        #: What a `scan` step found, and a `look` step read, on each backend, for later steps.
+        #: What a `scan` step found, and a `read` step read, on each backend, for later steps.
         self.scanned: dict[str, dict[tuple[str, str], LockRecord]] = {name: {} for name in NAMES}
         self.looked: dict[str, tuple[LockInfo, ...]] = {name: () for name in NAMES}
 
@@ -576,6 +579,3 @@ def test_a_start_that_fails_leaves_a_lapsed_enqueue_place_for_the_reaper_issue_3
     (lapsed,) = [r for r in scan_prefix(backend, prefix) if r.owner == "X"]
     backend.release_record(enqueue, "X", lapsed.record)
     assert [m.partition(b"\n")[2] for m in handed] == [b"message W"]
-
-
-pytestmark = pytest.mark.timeout(300)
