@@ -292,7 +292,10 @@ class StubBackend(LockBackend):
         if self._forget_replaced(replaced_key, release_owner):
             self._release(release_key, release_owner, handed)
             return Acquisition(acquired=False, superseded=True)
-        place = self._live(release_key, _now()).places.get(release_owner) if starting else None
+        # As swap.lua, which reads this place alone, lapsed or not: the lock's lapsed places stay
+        # for a step that hands them to its line.
+        lock = self._locks.get(release_key)
+        place = lock.places.get(release_owner) if starting and lock is not None else None
         if starting and (
             self._served_before(release_key, release_owner, starting)
             or self._handed_to_another(release_key, release_owner, place, starting)
@@ -385,11 +388,13 @@ class StubBackend(LockBackend):
     def read(self, keys: Sequence[str]) -> tuple[int, list[LockRecord]]:
         with self._mutex:
             now = _now()
+            # As read.lua, which writes nothing: a lapsed place stays for a step that hands it to the line.
             records = [
                 LockRecord.parse(key, owner, place.record(owner))
                 for key in keys
                 if key in self._locks
-                for owner, place in self._live(key, now).places.items()
+                for owner, place in self._locks[key].places.items()
+                if place.expires_at is None or place.expires_at > now
             ]
             return now, records
 
