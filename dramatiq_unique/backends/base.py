@@ -318,6 +318,10 @@ class Waiter:
     keeps_latest: bool = False
 
 
+#: How long a lock whose line has messages waiting outlives its longest-lived holder, in
+#: milliseconds: a place that lapsed there is handed on by the next step that finds it.
+LINE_RETENTION = 20 * 60 * 1000
+
 #: How long, in milliseconds, the copies of messages that started after they waited in line are
 #: remembered: a second copy of one (after a crash mid-handoff) is skipped within that time.
 SERVED_RETENTION = 3_600_000

@@ -35,6 +35,7 @@ from ..version import RECORD_FORMAT, __version__
 from .base import (
     HELD,
     LAPSED,
+    LINE_RETENTION,
     SERVED_RETENTION,
     STARTED_BEFORE,
     SUPERSEDED,
@@ -76,9 +77,6 @@ _MOVING_SLOT_SECONDS = 5.0
 #: if it reaches a worker within that time (7 days, Dramatiq's longest delay).
 REPLACED_TTL = 7 * 24 * 60 * 60 * 1000
 
-#: How long a lock whose line has messages waiting outlives its longest-lived holder, in
-#: milliseconds: a place that lapsed there is handed on by the next step that finds it.
-LINE_RETENTION = 20 * 60 * 1000
 
 #: How long a transition waits for its replicas (``min_replicas``) by default, in milliseconds.
 DEFAULT_REPLICA_TIMEOUT = 1000

@@ -14,6 +14,7 @@ from ..keys import debounce_key, digest_keys_start, epoch_key, line_key, lock_ki
 from .base import (
     HELD,
     LAPSED,
+    LINE_RETENTION,
     SERVED_RETENTION,
     STARTED_BEFORE,
     SUPERSEDED,
@@ -371,10 +372,14 @@ class StubBackend(LockBackend):
             after = "" if cursor == "0" else cursor[2:]
             start = digest_keys_start(prefix)
             keys = sorted(k for k in self._locks if k.startswith(start) and lock_kind(k) and k > after)[:count]
-            # As on Redis, a lapsed place is found until an operation on its lock drops it.
+            # As on Redis, a lapsed place is found until an operation on its lock drops it, while
+            # its lock lasts: until its longest-lived place lapses (LINE_RETENTION later while
+            # messages wait in its line).
+            now = _now()
             records = [
                 LockRecord.parse(key, owner, place.record(owner))
                 for key in keys
+                if self._lasts(key, now)
                 for owner, place in self._locks[key].places.items()
             ]
             return ("0" if len(keys) < count else "k:" + keys[-1]), records
@@ -642,6 +647,17 @@ class StubBackend(LockBackend):
             waiters[message_id] = entry
             return Acquisition(acquired=False, waiting=len(line), displaced=displaced, holders=acquisition.holders)
         return Acquisition(acquired=False, line_full=True, holders=acquisition.holders)
+
+    def _lasts(self, key: str, now: int) -> bool:
+        """Whether the lock at ``key`` would still be in Redis, whose key expires with its
+        longest-lived place (RedisBackend)."""
+        expiries = [place.expires_at for place in self._locks[key].places.values()]
+        if not expiries or None in expiries:
+            return bool(expiries)
+        latest = max(e for e in expiries if e is not None)
+        if self._lines.get(line_key(key)):
+            latest += LINE_RETENTION
+        return now < latest
 
     def _live_place(self, key: str, owner: str, now: int) -> _Place | None:
         """``owner``'s place if it has not lapsed, read as holders.lua's scripts that cannot hand a

@@ -19,7 +19,7 @@ if record == ARGV[2] then
   holders[ARGV[1]] = nil
   count, removed = count - 1, 1
   local _, _, _, held = parse(record)
-  if locks[key].waits or was_handed(held) then redis.call("HDEL", line.waiters, message_id(ARGV[1], held)) end
+  redis.call("HDEL", line.waiters, message_id(ARGV[1], held))
 end
 local handed
 handed, count = hand_over(key, line, holders, count)

@@ -24,7 +24,7 @@ for i = 2, #ARGV, 2 do
     count = count - 1
     table.insert(removed, owner)
     local _, _, _, held = parse(record)
-    if locks[key].waits or was_handed(held) then redis.call("HDEL", line.waiters, message_id(owner, held)) end
+    redis.call("HDEL", line.waiters, message_id(owner, held))
   end
 end
 local handed
