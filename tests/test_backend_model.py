@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import pytest
 import redis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
@@ -523,6 +523,8 @@ def test_stub_backend_answers_as_redis_backend_does_issue_33(redis_client: redis
             stateful_step_count=int(os.environ.get("MODEL_STEPS", "50")),
             deadline=None,
             database=None,
+            # Without the explain phase, whose tracing of every line takes minutes before Python 3.12.
+            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )

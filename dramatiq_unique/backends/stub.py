@@ -36,6 +36,8 @@ class _Place:
     token: int
     acquired_at: int
     expires_at: int | None
+    #: A line handed it the place: its message is among the waiters until it starts.
+    handed: bool = False
 
     def record(self, owner: str) -> str:
         # The format RedisBackend stores, so release_record compares the same thing.
@@ -144,7 +146,7 @@ class StubBackend(LockBackend):
             place = self._live_place(key, owner, _now())
             if place is None or place.holder.state != "queued" or place.token != handoff:
                 return Acquisition(acquired=False)
-            place.holder = holder
+            place.holder, place.handed = holder, True
             return Acquisition(acquired=True, token=place.token, expires_at=place.expires_at)
 
     def hand_again(self, key: str, owner: str, record: str) -> bytes | None:
@@ -243,11 +245,15 @@ class StubBackend(LockBackend):
         if place is None:
             handed += self._hand_over(key)
             return LAPSED
+        if release and not starting:
+            # As on Redis, a start that gives its place up is a release (until_executing).
+            self._release(key, owner, handed)
+            return HELD
         self._serve(key, owner, starting)
         if release:
             self._release(key, owner, handed)
         else:
-            place.holder = holder
+            place.holder, place.handed = holder, False
             handed += self._hand_over(key)
         return HELD
 
@@ -508,7 +514,7 @@ class StubBackend(LockBackend):
                 expires_at = None
             else:
                 expires_at = max(place.expires_at, expires_at)
-            token, acquired_at = place.token, place.acquired_at
+            token, acquired_at, handed = place.token, place.acquired_at, place.handed
         elif len(lock.places) >= limit:
             return Acquisition(acquired=False, holders=tuple(p.holder.message_id for p in lock.places.values()))
         elif any(p.holder.message_id == holder.message_id for p in lock.places.values()):
@@ -518,8 +524,8 @@ class StubBackend(LockBackend):
         else:
             # As on Redis: tokens follow the clock in microseconds, and the last one.
             token = self._fences[key] = max(self._fences.get(key, 0) + 1, now_us)
-            acquired_at = now
-        lock.places[owner] = _Place(holder=holder, token=token, acquired_at=acquired_at, expires_at=expires_at)
+            acquired_at, handed = now, False
+        lock.places[owner] = _Place(holder, token, acquired_at, expires_at, handed)
         self._locks[key] = lock
         return Acquisition(acquired=True, token=token, expires_at=expires_at)
 
@@ -528,9 +534,11 @@ class StubBackend(LockBackend):
         handed a place to ``handed``); its message leaves the waiters unless it ``stays_waiting``."""
         lock = self._live(key, time.time_ns() // 1_000_000)
         place = lock.places.pop(owner, None)
-        if place is not None and not stays_waiting:
-            self._waiters.get(waiters_key(key), {}).pop(place.holder.message_id, None)
         line = self._lines.get(line_key(key), [])
+        # As on Redis, a release looks at the waiters only for a place a line handed, or while
+        # messages wait in the lock's line.
+        if place is not None and not stays_waiting and (place.handed or line):
+            self._waiters.get(waiters_key(key), {}).pop(place.holder.message_id, None)
         if place is None and owner in line:
             # It waited without a place (a send whose answer was lost, given up): it leaves the line.
             line.remove(owner)
@@ -556,9 +564,7 @@ class StubBackend(LockBackend):
                     break
                 now_us = time.time_ns() // 1000
                 token = self._fences[key] = max(self._fences.get(key, 0) + 1, now_us)
-                lock.places[head] = _Place(
-                    holder=waiting.holder, token=token, acquired_at=now_us // 1000, expires_at=None
-                )
+                lock.places[head] = _Place(waiting.holder, token, now_us // 1000, None, handed=True)
                 self._locks[key] = lock
                 handed.append(b"%d\n%b" % (token, waiting.message))
             line.pop(0)
@@ -661,10 +667,20 @@ class StubBackend(LockBackend):
 
     def _live_place(self, key: str, owner: str, now: int) -> _Place | None:
         """``owner``'s place if it has not lapsed, read as holders.lua's scripts that cannot hand a
-        place to the lock's line read it: the lapsed places stay for a step that hands them over."""
+        place to the lock's line read it: while messages wait in the line, the lapsed places stay
+        for a step that hands them over; else they go."""
+        if key in self._locks and not self._lines.get(line_key(key)):
+            self._drop_lapsed(key, now)
         lock = self._locks.get(key)
         place = lock.places.get(owner) if lock is not None else None
         return place if place is not None and (place.expires_at is None or place.expires_at > now) else None
+
+    def _drop_lapsed(self, key: str, now: int) -> None:
+        lock = self._live(key, now)
+        if lock.places:
+            self._locks[key] = lock
+        else:
+            self._locks.pop(key, None)
 
     def _live(self, key: str, now: int) -> _Lock:
         lock = self._locks.get(key) or _Lock()
