@@ -420,7 +420,7 @@ class StubBackend(LockBackend):
                 owner for owner, record in records.items() if owner in places and places[owner].record(owner) == record
             ]
             for owner in freed:
-                self._release(key, owner, handed)
+                self._release(key, owner, handed, unlocked=True)
             handed += self._hand_over(key)
         self.hand_over(handed)
         return freed
@@ -529,15 +529,18 @@ class StubBackend(LockBackend):
         self._locks[key] = lock
         return Acquisition(acquired=True, token=token, expires_at=expires_at)
 
-    def _release(self, key: str, owner: str, handed: list[bytes], *, stays_waiting: bool = False) -> bool:
+    def _release(
+        self, key: str, owner: str, handed: list[bytes], *, stays_waiting: bool = False, unlocked: bool = False
+    ) -> bool:
         """Give up ``owner``'s place, and hand the free places to the line (adding the messages
-        handed a place to ``handed``); its message leaves the waiters unless it ``stays_waiting``."""
+        handed a place to ``handed``); its message leaves the waiters unless it ``stays_waiting``:
+        one an operator or the reaper ``unlocked`` always does."""
         lock = self._live(key, time.time_ns() // 1_000_000)
         place = lock.places.pop(owner, None)
         line = self._lines.get(line_key(key), [])
         # As on Redis, a release looks at the waiters only for a place a line handed, or while
         # messages wait in the lock's line.
-        if place is not None and not stays_waiting and (place.handed or line):
+        if place is not None and not stays_waiting and (place.handed or line or unlocked):
             self._waiters.get(waiters_key(key), {}).pop(place.holder.message_id, None)
         if place is None and owner in line:
             # It waited without a place (a send whose answer was lost, given up): it leaves the line.
