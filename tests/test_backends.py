@@ -1283,10 +1283,7 @@ def test_a_lock_store_marked_with_a_newer_format_takes_no_lock(request, monkeypa
     broker = RedisBroker(client=redis_client)
     broker.emit_after("process_boot")
     backend = RedisBackend(client=lock_client)
-    env = Env("redis", broker, backend, UniqueJobs(backend=backend, on_backend_error=policy))
-    runs = env.run()
-    next(runs)
-    try:
+    with Env("redis", broker, backend, UniqueJobs(backend=backend, on_backend_error=policy)).running() as env:
 
         @env.actor(lock="until_executed")
         def settle(account):
@@ -1324,8 +1321,6 @@ def test_a_lock_store_marked_with_a_newer_format_takes_no_lock(request, monkeypa
         assert not lock_client.exists(key)
         assert format_keys(lock_client) == [marker] and lock_client.get(marker) == b"2 9.9.9"
         assert len(env.seen.enqueues) == (1 if policy == "raise" else 3)
-    finally:
-        next(runs, None)
 
 
 def test_the_fence_retention_of_0_1_is_refused_with_what_replaced_it(redis_client):
