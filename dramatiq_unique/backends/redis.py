@@ -407,14 +407,8 @@ class RedisBackend(LockBackend):
     ) -> str:
         reply, handed, dropped = self._call(
             "claim",
-            [key, replaced_key or f"{key}:replaced", *self._slot_keys(key)],
-            [
-                owner,
-                "release" if release else "run",
-                holder.encode(owner),
-                starting,
-                "" if replaced_key is None else "1",
-            ],
+            [key, *self._slot_keys(key), *([] if replaced_key is None else [replaced_key])],
+            [owner, "release" if release else "run", holder.encode(owner), starting],
         )
         self._hand_over(handed, dropped)
         return {1: HELD, 0: LAPSED, -1: SUPERSEDED, -3: STARTED_BEFORE}[reply]

@@ -1,18 +1,18 @@
 -- flags: allow-oom
 -- A queued holder starts running: it gives up its place ("release") or keeps
 -- it, now recorded as running ("run").
--- KEYS[1]: the enqueue lock, KEYS[2]: the replaced set, KEYS[3]: the format key of its hash slot
--- (open_slot); one digest, one hash slot. Its line is named after it (line_of).
--- ARGV: owner, "release" or "run", holder (for "run"), the copy of the message (served_before),
--- "1" when a newer message may have taken the owner's place (its actor replaces queued holders).
+-- KEYS[1]: the enqueue lock, KEYS[2]: the format key of its hash slot (open_slot), and KEYS[3]:
+-- the replaced set, only for a message whose actor replaces queued holders (none other can have
+-- lost its place to a newer one); one digest, one hash slot. Its line is named after it (line_of).
+-- ARGV: owner, "release" or "run", holder (for "run"), the copy of the message (served_before).
 -- Returns {1 when the owner held a place, 0 when it held none (it lapsed), -1 when a newer
 -- message took its place (replace), or -3 when this copy of it started before (a line's): it
 -- must not run; the messages the line was handed; the waiters dropped (hand_over)}. A replaced
 -- message gives up any place it took again since (a delayed copy or a retry coming due).
 local key, owner = KEYS[1], ARGV[1]
 local line = line_of(key)
-open_slot(KEYS[3])
-if ARGV[5] == "1" and redis.call("SREM", KEYS[2], owner) == 1 then
+open_slot(KEYS[2])
+if KEYS[3] and redis.call("SREM", KEYS[3], owner) == 1 then
   local _, handed = release_place(key, line, owner, false)
   return {-1, handed, dropped}
 end

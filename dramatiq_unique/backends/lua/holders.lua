@@ -147,6 +147,15 @@ local function readable_holder(holder)
   return string.match(holder, "^[qr]%l%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
 end
 
+-- A line of a lock's value: its owner, its record, the record's expiry, and whether this version
+-- can read it; a line it cannot read is answered as it is, owner and record.
+local function read_line(line)
+  local escaped, record = string.match(line, "^([^|]*)|(.*)$")
+  if not record then return line, line, nil, false end
+  local expires_at, token, _, holder = parse(record)
+  return unescape(escaped), record, expires_at, token ~= nil and readable_holder(holder)
+end
+
 -- Raises the error that RedisBackend reports as a lock holding what this version cannot read:
 -- `found` is the owner and the record. (A key of another type fails its first command: WRONGTYPE.)
 local function refuse_unreadable(key, found)
@@ -209,8 +218,8 @@ local function mark_unreadable(key, owner, value)
 end
 
 -- Reads the lock at `key` (its value `value`, if the caller read it already; false: absent).
--- Drops the holders whose place lapsed; returns the others (owner -> record), their count, and
--- how many lapsed places it kept. Lapse is judged by the server clock now (read only if a
+-- Drops the holders whose place lapsed; returns the others (owner -> record) and their count.
+-- Lapse is judged by the server clock now (read only if a
 -- place may lapse): after that clock stepped back, a lapsed place that no script dropped yet
 -- counts again until the clock passes its expiry once more, as Redis' own key expiry does with
 -- keys. A script that cannot hand a freed place to the lock's line (it has not its keys) passes
@@ -227,8 +236,8 @@ local function live_holders(key, keep_lapsed, value)
     owners = {}, records = {}, kept = {}, kept_until = 0, waits = false, existed = value ~= false, changed = false,
   }
   locks[key] = lock
-  local holders, count, kept = {}, 0, 0
-  if not value then return holders, count, kept end
+  local holders, count = {}, 0
+  if not value then return holders, count end
   -- A lock of one line expires with that place: found, it has not lapsed (no clock read).
   local single = not string.find(value, "\n", 1, true)
   local first = true
@@ -236,16 +245,12 @@ local function live_holders(key, keep_lapsed, value)
     if first and line == WAITS then
       lock.waits = true
     else
-      local escaped, record = string.match(line, "^([^|]*)|(.*)$")
-      local owner = escaped and unescape(escaped)
-      local expires_at, token, _, holder = nil, nil, nil, nil
-      if record then expires_at, token, _, holder = parse(record) end
-      if not token or not readable_holder(holder) or lock.records[owner] ~= nil then
-        mark_unreadable(key, owner or line, record or line)
+      local owner, record, expires_at, readable = read_line(line)
+      if not readable or lock.records[owner] ~= nil then
+        mark_unreadable(key, owner, record)
         table.insert(lock.kept, line)
       elseif expires_at and not single and expires_at <= clock() then
         if keep_lapsed and lock.waits then
-          kept = kept + 1
           table.insert(lock.kept, line)
           if expires_at > lock.kept_until then lock.kept_until = expires_at end
         else
@@ -260,7 +265,7 @@ local function live_holders(key, keep_lapsed, value)
     end
     first = false
   end
-  return holders, count, kept
+  return holders, count
 end
 
 -- Refuses a new place in a lock that holds a record this version cannot read (live_holders),
@@ -720,8 +725,7 @@ end
 -- Returns the new expiry, 0 for a place that never lapses, -1 when owner holds no place.
 local function renew_place(key, owner, ttl, deadline)
   local now = clock()
-  local holders, count, kept = live_holders(key, true)
-  local record = holders[owner]
+  local record = live_holders(key, true)[owner]
   if not record then
     expire_with_holders(key)
     return -1
@@ -732,9 +736,7 @@ local function renew_place(key, owner, ttl, deadline)
     if deadline > 0 and target > deadline then target = deadline end
     if target > expires_at then
       expires_at = target
-      record = format_record(expires_at, token, acquired_at, holder)
-      write_holder(key, owner, record)
-      holders[owner] = record
+      write_holder(key, owner, format_record(expires_at, token, acquired_at, holder))
     end
   end
   expire_with_holders(key)

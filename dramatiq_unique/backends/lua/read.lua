@@ -11,15 +11,12 @@ for i, key in ipairs(KEYS) do
   if value then
     for line in string.gmatch(value, "[^\n]+") do
       if line ~= WAITS then
-        local escaped, record = string.match(line, "^([^|]*)|(.*)$")
-        local expires_at, token, acquired_at, holder = nil, nil, nil, nil
-        if record then expires_at, token, acquired_at, holder = parse(record) end
+        local owner, record, expires_at, readable = read_line(line)
         -- A place this version cannot read is shown as it is: its reader says so.
-        if not (token and readable_holder(holder)) then expires_at = nil end
-        if not expires_at or expires_at > now then
+        if not readable or not expires_at or expires_at > now then
           table.insert(reply, i)
-          table.insert(reply, escaped and unescape(escaped) or line)
-          table.insert(reply, record or line)
+          table.insert(reply, owner)
+          table.insert(reply, record)
         end
       end
     end
