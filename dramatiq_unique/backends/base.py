@@ -238,17 +238,13 @@ def parse_lock(key: str, value: str) -> list[LockRecord]:
     for line in value.split("\n"):
         if line and line != _WAITS:
             escaped, bar, record = line.partition("|")
-            places.append(_parse_place(key, unescape(escaped) if bar else line, record if bar else line))
+            places.append(read_place(key, unescape(escaped) if bar else line, record if bar else line))
     return places
 
 
 def read_place(key: str, owner: str, record: str) -> LockRecord:
     """A place as a backend answers it, owner and record apart; a place it cannot read comes as a
     record that says why (``unreadable``)."""
-    return _parse_place(key, owner, record)
-
-
-def _parse_place(key: str, owner: str, record: str) -> LockRecord:
     try:
         return LockRecord.parse(key, owner, record)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
