@@ -39,6 +39,8 @@ class HolderInfo:
       queue(str): The canonical queue of the holder's message.
       lock(str): The lock type of the holder's message.
       place(LockRecord): The place as read: freeing it only gives it up while it is still this.
+      call(str): The holder's actor call as a person reads it, e.g. ``reindex('acme', 200)``;
+        ``None`` when neither the lock nor the broker tells it.
     """
 
     message_id: str
@@ -51,6 +53,7 @@ class HolderInfo:
     queue: str
     lock: str
     place: LockRecord
+    call: str | None = None
 
     @classmethod
     def from_record(cls, record: LockRecord) -> HolderInfo:
