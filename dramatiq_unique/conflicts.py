@@ -46,20 +46,43 @@ def conflict_of(
     )
 
 
+#: At most how many characters of a message's call a log line shows.
+CALL_SHOWN = 200
+
+
+def shown_call(message: AnyMessage) -> str:
+    """The message's actor call as Dramatiq shows it, ``reindex('acme', 200)``, cut to ``CALL_SHOWN``."""
+    call = str(message)
+    return call if len(call) <= CALL_SHOWN else call[: CALL_SHOWN - 1] + "…"
+
+
 def waited_in_line(lock: MessageLock, acquisition: Acquisition, side: str) -> None:
-    """Tell that the message of ``lock`` waits in its lock's line, as ``acquisition`` answered."""
+    """Tell that the message of ``lock`` waits in its lock's line, as ``acquisition`` answered:
+    one INFO line, the only one of a message that waits in the worker (see ``skip_log``)."""
     message, strategy = lock.message, lock.config.client_strategy if side == CLIENT else lock.config.server_strategy
+    kind, then = ("enqueue", "is enqueued") if side == CLIENT else ("run", "runs")
     displaced = (
-        f"; it took the place of message {acquisition.displaced!r}, which is dropped" if acquisition.displaced else ""
+        f"; it took the line position of message {acquisition.displaced!r}, which is dropped"
+        if acquisition.displaced
+        else ""
+    )
+    holders = acquisition.holders
+    behind = (
+        ("holder " if len(holders) == 1 else "holders ") + ", ".join(map(repr, holders))
+        if holders
+        else "the messages ahead of it"
     )
     lock.logger.info(
-        "Message %r of actor %r waits in line for lock %r at place %d, behind message %s (strategy %r)%s.",
-        message.message_id,
-        message.actor_name,
+        "Message %s waits in line for the %s lock %s at position %d (1 is next), behind %s: it %s when a "
+        "slot frees up (strategy %r, message id %r)%s.",
+        shown_call(message),
+        kind,
         lock.digest,
         acquisition.waiting,
-        ", ".join(map(repr, acquisition.holders)) or "(none yet)",
+        behind,
+        then,
         strategy.name,
+        message.message_id,
         displaced,
     )
     lock.emit(

@@ -25,6 +25,7 @@ from .lock import LockFactory, MessageLock
 from .options import ActorConfigs
 from .outage import Outage
 from .outcome import REJECTED, EnqueueOutcome, enqueue_outcome, plain_message
+from .skip_log import WAITING
 from .strategies import SERVER
 
 
@@ -120,6 +121,8 @@ class WorkerSide:
             raise SkipMessage("A copy of this message started already.")
         if acquisition is not None and acquisition.waiting:
             waited_in_line(lock, acquisition, SERVER)
+            # Its INFO line says it waits: Dramatiq's "was skipped" WARNING is left out.
+            WAITING.mark(message.message_id)
             raise SkipMessage("The message waits in the lock's line.")
         if acquisition is not None and not acquisition.acquired:
             self._conflict(broker, lock, acquisition.holders)
@@ -134,6 +137,7 @@ class WorkerSide:
     def finish(self, message: MessageProxy) -> None:
         """The message leaves the worker: it ran, raised, or was skipped. Give up what it no longer holds."""
         _set_current_lock(None)
+        WAITING.clear()
         thread = self._thread
         thread.message = None
         lock, thread.processing = thread.processing, None

@@ -4,18 +4,22 @@ run's start and end, each attempt, each message skipped."""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
+from pathlib import Path
 
 import dramatiq
 import pytest
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import TimeLimit
 
+import dramatiq_unique
 from dramatiq_unique import RedisBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.keys import enqueue_key
 
 from .support import wait_for
-from .test_concurrency import processes  # noqa: F401 (fixture)
+from .test_concurrency import processes, wait_until_ready  # noqa: F401 (fixture)
 from .test_lines_crash import WORKER_PREAMBLE, start_worker
 
 WORKER_SCRIPT = (
@@ -130,3 +134,62 @@ def test_a_handed_message_that_age_limit_skips_lets_the_line_go_on_in_a_worker_p
     wait_for(lambda: "end 2" in runs(redis_client), timeout=30)
     assert runs(redis_client) == ["start 0", "end 0", "start 2", "end 2"]
     assert redis_client.llen("test:skipped") == 3  # 1 and 2 waited; AgeLimit skipped 1
+
+
+def worker_log(cli) -> list[str]:
+    """The lines the worker process printed so far (Dramatiq logs to stderr)."""
+    cli.log.seek(0)
+    return cli.log.read().decode().splitlines()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["dramatiq", "dramatiq-gevent"])
+def test_a_message_that_waits_in_line_says_so_once_and_is_not_skipped(
+    command,
+    processes,
+    tmp_path,
+    redis_url,
+    redis_client,
+    sender,  # noqa: F811
+):
+    # Issue 34 (5): a message that waits in the run lock's line was logged by Dramatiq as
+    # "[WARNING] Message sync('a1', 1) was skipped.", though it runs later. It says that it waits
+    # in one INFO line; a real skip (AgeLimit) still has Dramatiq's WARNING.
+    if command == "dramatiq-gevent":
+        pytest.importorskip("gevent")
+        args = [str(Path(sys.executable).parent / "dramatiq-gevent")]
+    else:
+        args = ["-m", "dramatiq"]
+    (tmp_path / "documents.py").write_text(WORKER_SCRIPT)
+    path = os.pathsep.join([str(Path(dramatiq_unique.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
+    cli = processes(
+        [*args, "documents:broker", "--processes", "1", "--threads", "2"],
+        UNIQUE_TEST_REDIS_URL=redis_url,
+        PYTHONPATH=path,
+    )
+    wait_until_ready(redis_client, [cli])
+    _, sync = sender
+    sync.send("a1", 0)
+    wait_for(lambda: "start 0" in runs(redis_client))
+    waiting = [sync.send_with_options(args=("a1", 1), max_age=500)]
+    wait_for(lambda: redis_client.llen("test:skipped") == 1)
+    time.sleep(0.6)  # 1 is older than its max_age by the time it is handed the run lock
+    waiting.append(sync.send("a1", 2))
+    wait_for(lambda: redis_client.llen("test:skipped") == 2)
+    redis_client.set("test:go", 1)
+    wait_for(lambda: "end 2" in runs(redis_client), timeout=30)
+    assert runs(redis_client) == ["start 0", "end 0", "start 2", "end 2"]
+    wait_for(lambda: redis_client.llen("test:skipped") == 3)  # AgeLimit skipped 1 when it was handed the lock
+
+    log = worker_log(cli)
+    digest = enqueue_outcome(waiting[0]).digest
+    for position, message in enumerate(waiting, start=1):
+        said = [line for line in log if f"Message {message} waits in line" in line]
+        assert len(said) == 1, log
+        assert "[INFO]" in said[0]
+        assert f"for the run lock {digest} at position {position} (1 is next)" in said[0]
+        assert f"message id {message.message_id!r}" in said[0]
+    # Dramatiq's WARNING for the one real skip, none for the waits.
+    skipped = [line for line in log if "was skipped" in line]
+    assert len(skipped) == 1, log
+    assert "[WARNING] Message sync('a1', 1) was skipped." in skipped[0]
