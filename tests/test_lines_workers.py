@@ -146,11 +146,11 @@ def worker_log(cli) -> list[str]:
 @pytest.mark.parametrize("command", ["dramatiq", "dramatiq-gevent"])
 def test_a_message_that_waits_in_line_says_so_once_and_is_not_skipped(
     command,
-    processes,
+    processes,  # noqa: F811
     tmp_path,
     redis_url,
     redis_client,
-    sender,  # noqa: F811
+    sender,
 ):
     # Issue 34 (5): a message that waits in the run lock's line was logged by Dramatiq as
     # "[WARNING] Message sync('a1', 1) was skipped.", though it runs later. It says that it waits
