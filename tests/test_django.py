@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pika
@@ -270,3 +271,45 @@ def test_an_instance_in_the_middleware_list_takes_options_and_chooses_its_backen
     # The broker holds that instance, with its option.
     shown = shop.manage("shell", "--verbosity", "0", "--command", PREFIXES_IN_USE)
     assert shown.stdout.split() == ["shop"], shown.stderr
+
+
+#: Serves the shop's wsgi.py (Django, and the locks page under /ops/locks) on a free port.
+SERVE = """
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+from shop.wsgi import application
+server = make_server("127.0.0.1", 0, application, handler_class=WSGIRequestHandler)
+print(server.server_port, flush=True)
+server.serve_forever()
+"""
+
+
+@pytest.mark.slow
+def test_the_locks_page_mounts_in_the_django_project_from_its_broker(copy_shop, redis_url):
+    # Issue 34 (7): in a django_dramatiq project there is no broker or middleware to import, and
+    # the middleware taken from dramatiq.get_broker() had no lock backend yet. The shop's wsgi.py
+    # builds the page with from_broker(), served here as a WSGI server would serve it.
+    shop = copy_shop("shop.settings", REDIS_URL=redis_url)
+    assert shop.send(42) == ["order 42: enqueued"]
+    (digest,) = [lock.digest for lock in Locks(RedisBackend(url=redis_url)).list()]
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVE],
+        cwd=shop.path,
+        env=shop.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        port = int(server.stdout.readline())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ops/locks/") as answer:
+            page = answer.read().decode()
+        # The lock of order 42, a link to it under the mount path, and what a new send would meet.
+        assert "send_receipt" in page
+        assert f'href="/ops/locks/locks/{digest}"' in page
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ops/locks/locks/{digest}") as answer:
+            lock_page = answer.read().decode()
+        assert "receipts" in lock_page and "queued" in lock_page
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()

@@ -17,13 +17,15 @@ from urllib.parse import urlencode
 
 import dramatiq
 import pytest
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import TimeLimit
 
 from dramatiq_unique import Locks, RedisBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.backends import Holder
+from dramatiq_unique.errors import UniqueError
 from dramatiq_unique.keys import enqueue_key
-from dramatiq_unique.web import from_middleware, make_wsgi_app
+from dramatiq_unique.web import from_broker, from_middleware, make_wsgi_app
 
 from .support import Gate, declare_small_app, run_sync_worker, wait_for
 from .web_client import Client
@@ -357,6 +359,38 @@ def test_the_page_needs_jinja2_and_says_which_extra_brings_it():
     code = "import sys; sys.modules['jinja2'] = None; import dramatiq_unique.web"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 1 and "pip install 'dramatiq-unique[web]'" in done.stderr
+
+
+def test_from_broker_finds_the_middleware_and_its_backend_at_the_first_request(redis_client, monkeypatch):
+    # Issue 34 (7): as in a Django project, the page is built before any actor is declared, from
+    # the global broker, whose UniqueJobs has not chosen its lock backend yet.
+    monkeypatch.delenv("DRAMATIQ_UNIQUE_URL", raising=False)
+    backend = RedisBackend(client=redis_client)
+    holder = Holder("m1", "report", "default", "until_executed", "queued")
+    assert backend.acquire(enqueue_key("dramatiq-unique", "d" * 22), "m1", limit=1, ttl=None, holder=holder).acquired
+    page = from_broker()
+    broker = RedisBroker(client=redis_client)
+    unique_jobs = UniqueJobs()
+    broker.add_middleware(unique_jobs, before=TimeLimit)
+    previous = dramatiq.get_broker()
+    dramatiq.set_broker(broker)
+    try:
+        with pytest.raises(UniqueError, match="no lock backend"):
+            unique_jobs.backend  # noqa: B018
+        answer = Client(page, script_name=ROOT).get("/")
+    finally:
+        dramatiq.set_broker(previous)
+    assert answer.status == 200
+    assert [row[2] for row in answer.rows if row[0].startswith("dddd")] == ["report"]
+    assert unique_jobs.backend is not None  # chosen: the broker's own Redis
+
+
+def test_from_broker_says_so_when_the_broker_has_no_unique_jobs():
+    page = from_broker(StubBroker())
+    with pytest.raises(UniqueError, match="has no UniqueJobs middleware.*DRAMATIQ_BROKER"):
+        Client(page, script_name=ROOT).get("/")
+    with pytest.raises(ValueError):
+        from_broker(secret="")
 
 
 # Paging over 100,000 locks ---------------------------------------------------------

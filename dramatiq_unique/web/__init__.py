@@ -3,6 +3,6 @@
 It needs Jinja2: ``pip install 'dramatiq-unique[web]'``.
 """
 
-from .app import LocksWebApp, from_middleware, make_wsgi_app
+from .app import BrokerLocksWebApp, LocksWebApp, from_broker, from_middleware, make_wsgi_app
 
-__all__ = ["LocksWebApp", "from_middleware", "make_wsgi_app"]
+__all__ = ["BrokerLocksWebApp", "LocksWebApp", "from_broker", "from_middleware", "make_wsgi_app"]

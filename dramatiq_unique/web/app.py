@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -18,7 +19,7 @@ from urllib.parse import parse_qs, quote, urlencode
 
 from ..activity import read_activity
 from ..backends import LockBackend
-from ..errors import LineNeedsBroker, LockBackendError
+from ..errors import LineNeedsBroker, LockBackendError, UniqueError
 from ..events import EVENT_KINDS
 from ..held import STATES
 from ..operations import Locks
@@ -417,6 +418,98 @@ def from_middleware(
         authorize=authorize,
         broker=broker,
         middleware=unique_jobs,
+        secret=secret,
+        allowed_hosts=allowed_hosts,
+    )
+
+
+class BrokerLocksWebApp:
+    """The web page of the :class:`~dramatiq_unique.UniqueJobs` middleware of a broker, as a
+    WSGI application that finds the broker, the middleware and its lock backend at its first
+    request. Build it with :func:`from_broker`.
+
+    Parameters:
+      broker(dramatiq.Broker): The broker; ``None`` for ``dramatiq.get_broker()``.
+      options: The keyword arguments of :func:`from_middleware` other than ``broker``.
+    """
+
+    def __init__(self, broker: Broker | None, **options: Any):
+        self._broker = broker
+        self._options = options
+        self._page: LocksWebApp | None = None
+        self._building = threading.Lock()
+
+    def page(self) -> LocksWebApp:
+        """The page, built the first time it is asked for; a failed build is tried again next time.
+
+        Raises:
+          UniqueError: If the broker has no ``UniqueJobs`` middleware.
+          InvalidBackendOptions: If the middleware was given no lock backend and nothing names one.
+        """
+        if self._page is None:
+            with self._building:
+                if self._page is None:
+                    self._page = self._build()
+        return self._page
+
+    def _build(self) -> LocksWebApp:
+        from ..middleware import UniqueJobs
+
+        if self._broker is not None:
+            broker = self._broker
+        else:
+            import dramatiq
+
+            broker = dramatiq.get_broker()
+        found = [m for m in broker.middleware if isinstance(m, UniqueJobs)]
+        if not found:
+            raise UniqueError(
+                f"The broker {type(broker).__name__} has no UniqueJobs middleware, so the locks page has no locks "
+                'to show. Add UniqueJobs to the broker (in Django: "dramatiq_unique.UniqueJobs" in '
+                'DRAMATIQ_BROKER["MIDDLEWARE"]), or build the page with make_wsgi_app(backend).'
+            )
+        unique_jobs = found[0]
+        unique_jobs.resolve_backend(broker)
+        return from_middleware(unique_jobs, broker=broker, **self._options)
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        return self.page()(environ, start_response)
+
+
+def from_broker(
+    broker: Broker | None = None,
+    *,
+    allow_unlock: bool = False,
+    authorize: Authorize | None = None,
+    secret: bytes | str | None = None,
+    allowed_hosts: Iterable[str] | None = None,
+) -> BrokerLocksWebApp:
+    """The web page of the locks of the ``UniqueJobs`` middleware on ``broker``, as
+    :func:`from_middleware` builds it. Call it at any time, before the broker exists too: the
+    page takes the broker (``dramatiq.get_broker()`` when ``None``), its middleware and the
+    middleware's lock backend at its first request. That suits a Django project, where
+    django_dramatiq builds the broker and the middleware from the settings.
+
+    Parameters:
+      broker(dramatiq.Broker): The broker; ``None`` for the global broker at the first request.
+      allow_unlock(bool): Show unlock buttons and accept unlocking; read-only by default.
+      authorize(collections.abc.Callable): Called with the WSGI environ; only when it returns
+        True may the request unlock.
+      secret(bytes|str): The key of the CSRF tokens, the same in every process
+        serving the page; random when ``None``.
+      allowed_hosts(Iterable[str]): The ``Host`` headers it answers; ``None``
+        for any (leave the check to the application it is mounted in).
+
+    Raises:
+      TypeError: If ``secret`` is neither bytes nor a str.
+      ValueError: If ``secret`` is empty.
+    """
+    # A secret that cannot be used fails here, not at the first request.
+    Csrf(secret=secret)
+    return BrokerLocksWebApp(
+        broker,
+        allow_unlock=allow_unlock,
+        authorize=authorize,
         secret=secret,
         allowed_hosts=allowed_hosts,
     )
