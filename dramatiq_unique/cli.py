@@ -31,6 +31,7 @@ from .digest import DIGEST_LENGTH
 from .errors import InvalidBackendOptions, LineNeedsBroker, LockArgumentsError, LockBackendError
 from .held import LockInfo
 from .keys import digest_of
+from .links import EXTRAS
 from .middleware import UniqueJobs
 from .operations import Locks, unique_jobs_of
 from .options import DEFAULT_LOCK_PREFIX, prefix_problem
@@ -538,7 +539,7 @@ def declare_web(subparsers: Subparsers) -> None:
         help="serve the web page of held locks",
         description="Serve the web page of held locks, workers and lock activity with Python's wsgiref server, "
         "read-only unless --allow-unlock. With --app it also says what a new send would meet and whether a queued "
-        "message is still in the broker. Needs the web extra: pip install 'dramatiq-unique[web]'.",
+        f"message is still in the broker. Needs Jinja2, which the package's web extra brings: see {EXTRAS}",
     )
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="the port to listen on (default: 8000)")

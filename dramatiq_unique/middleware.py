@@ -128,7 +128,8 @@ class UniqueJobs(Middleware):
         ``send()`` in the same process never meets such a release of its lock.
       metrics(bool|prometheus_client.CollectorRegistry): Count lock events in Prometheus
         counters: ``True`` for prometheus_client's default registry, or the
-        registry to use. Needs ``pip install 'dramatiq-unique[prometheus]'``.
+        registry to use. Needs prometheus_client, which the ``prometheus`` extra brings (see
+        :doc:`Getting started </getting-started>`).
       activity(bool): Count lock events per minute in the lock backend, for
         ``read_activity()``; each process adds its counts once per heartbeat interval.
     """

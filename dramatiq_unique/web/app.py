@@ -22,6 +22,7 @@ from ..backends import LockBackend
 from ..errors import LineNeedsBroker, LockBackendError, UniqueError
 from ..events import EVENT_KINDS
 from ..held import STATES
+from ..links import EXTRAS
 from ..operations import Locks
 from ..options import DEFAULT_LOCK_PREFIX
 from ..presentation import age, format_duration, format_time, ttl
@@ -30,9 +31,7 @@ from .security import SECURITY_HEADERS, Csrf, mount_path
 try:
     import jinja2
 except ImportError as e:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "dramatiq_unique.web needs Jinja2, which the 'web' extra brings: pip install 'dramatiq-unique[web]'"
-    ) from e
+    raise ImportError(f"dramatiq_unique.web needs Jinja2, which the package's 'web' extra brings: see {EXTRAS}") from e
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
