@@ -313,3 +313,19 @@ def test_the_locks_page_mounts_in_the_django_project_from_its_broker(copy_shop, 
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
+
+
+def test_the_page_shows_django_dramatiqs_default_middleware_with_one_line_added():
+    # Issue 34 (10): the page's list left out django_dramatiq's defaults (AdminMiddleware,
+    # Prometheus): a user who copied it lost the admin's task table without a word.
+    from django_dramatiq.apps import DEFAULT_BROKER_SETTINGS
+
+    page = (ROOT / "docs" / "integrations" / "django.md").read_text()
+    block = page.partition("```{code-block} python\n")[2].partition("```")[0]
+    settings: dict[str, object] = {}
+    exec(block.split("\n\n", 1)[1], settings)  # after the directive's options
+    defaults = list(DEFAULT_BROKER_SETTINGS["MIDDLEWARE"])
+    defaults.insert(defaults.index("dramatiq.middleware.TimeLimit"), "dramatiq_unique.UniqueJobs")
+    assert settings["DRAMATIQ_BROKER"]["MIDDLEWARE"] == defaults
+    emphasized = int(block.partition(":emphasize-lines: ")[2].split()[0])
+    assert "dramatiq_unique.UniqueJobs" in block.split("\n\n", 1)[1].splitlines()[emphasized - 1]

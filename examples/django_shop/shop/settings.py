@@ -15,6 +15,8 @@ USE_TZ = True
 DRAMATIQ_BROKER = {
     "BROKER": "dramatiq.brokers.redis.RedisBroker",
     "OPTIONS": {"url": os.environ.get("REDIS_URL", "redis://localhost:6379/0")},
+    # django_dramatiq's default list without Prometheus and AdminMiddleware, which
+    # the shop's tests do without. Keep your list, and add the UniqueJobs line.
     "MIDDLEWARE": [
         "dramatiq.middleware.AgeLimit",
         # Ahead of TimeLimit and Retries: it sees Retries' verdict, and no time limit
