@@ -105,8 +105,9 @@ class UniqueJobs(Middleware):
       debounce(int): Milliseconds of quiet before a debounced message runs: a newer send
         starts them again and takes its place. ``None`` for no debounce. See
         :doc:`Options </options>`.
-      debounce_cap(int): Milliseconds a series of debounced sends is postponed at most;
-        ``None`` for no bound.
+      debounce_cap(int): Milliseconds after which a send of a series of debounced sends is
+        due at the latest, in the message that carries its arguments or newer ones; ``None``
+        for no bound. The message starts once a worker fetched it: see :doc:`Options </options>`.
       lease_period(int): Milliseconds a run lock is held without a renewal: a
         worker renews the run locks of the messages it runs, and a dead
         worker's run locks are free again within this time.

@@ -96,6 +96,47 @@ def test_a_constant_stream_runs_at_least_once_per_cap(broker_env):
     assert versions == sorted(versions)  # each run has the latest payload of its series
 
 
+#: The worker timeout of Env.worker (ms): an idle RedisBroker consumer polls its queue at least
+#: this often, the delay queue's and the queue's each.
+WORKER_TIMEOUT = 100
+#: Beyond the documented bound, for a loaded test machine (ms).
+MARGIN = 1000
+
+
+def test_every_send_runs_within_the_cap_and_the_documented_lateness(redis_env):
+    # Issue 34 (9): docs/options.md says what debounce_cap bounds. Every send is in a run, with its
+    # arguments or newer ones, whose message is due at most debounce_cap after the send, and which
+    # starts at most two worker timeouts after it is due (the delay queue, then the queue).
+    env, runs = redis_env, []
+
+    @env.actor(
+        lock="until_executing",
+        on_conflict={"client": "replace"},
+        lock_args_method=lambda profile_id, version: [profile_id],
+        debounce=QUIET,
+        debounce_cap=CAP,
+    )
+    def push_profile(profile_id, version):
+        runs.append((version, current_millis()))
+
+    env.worker()
+    sent = []
+    for version in range(50):  # one send every 50 ms for 2.5 s: never a quiet period
+        sent.append(current_millis())
+        push_profile.send(7, version)
+        time.sleep(0.05)
+    wait_for(lambda: runs and runs[-1][0] == 49)
+    env.join(push_profile)
+
+    versions = [version for version, _ in runs]
+    assert versions == sorted(versions) and versions[-1] == 49
+    assert len(runs) >= 3  # the cap split the stream: without it, one run after the last send
+    for version, sent_at in enumerate(sent):
+        # The first run with this send's arguments or newer ones.
+        started = next(started for ran, started in runs if ran >= version)
+        assert started - sent_at <= CAP + 2 * WORKER_TIMEOUT + MARGIN, (version, runs)
+
+
 def test_a_message_can_be_debounced_alone(redis_env):
     env, runs = redis_env, []
 
