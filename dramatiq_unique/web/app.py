@@ -17,13 +17,15 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlencode
 
+import dramatiq
+
 from ..activity import read_activity
 from ..backends import LockBackend
 from ..errors import LineNeedsBroker, LockBackendError, UniqueError
 from ..events import EVENT_KINDS
 from ..held import STATES
 from ..links import EXTRAS
-from ..operations import Locks
+from ..operations import Locks, unique_jobs_of
 from ..options import DEFAULT_LOCK_PREFIX
 from ..presentation import age, format_duration, format_time, ttl
 from .security import SECURITY_HEADERS, Csrf, mount_path
@@ -452,22 +454,15 @@ class BrokerLocksWebApp:
         return self._page
 
     def _build(self) -> LocksWebApp:
-        from ..middleware import UniqueJobs
-
-        if self._broker is not None:
-            broker = self._broker
-        else:
-            import dramatiq
-
-            broker = dramatiq.get_broker()
-        found = [m for m in broker.middleware if isinstance(m, UniqueJobs)]
-        if not found:
+        broker = self._broker if self._broker is not None else dramatiq.get_broker()
+        try:
+            unique_jobs = unique_jobs_of(broker)
+        except ValueError as e:
             raise UniqueError(
-                f"The broker {type(broker).__name__} has no UniqueJobs middleware, so the locks page has no locks "
-                'to show. Add UniqueJobs to the broker (in Django: "dramatiq_unique.UniqueJobs" in '
-                'DRAMATIQ_BROKER["MIDDLEWARE"]), or build the page with make_wsgi_app(backend).'
-            )
-        unique_jobs = found[0]
+                f"{e} The locks page shows the locks of UniqueJobs: add it to the broker (in Django: "
+                '"dramatiq_unique.UniqueJobs" in DRAMATIQ_BROKER["MIDDLEWARE"]), or build the page with '
+                "make_wsgi_app(backend)."
+            ) from None
         unique_jobs.resolve_backend(broker)
         return from_middleware(unique_jobs, broker=broker, **self._options)
 
