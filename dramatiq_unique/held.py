@@ -188,6 +188,8 @@ class Explanation:
       on_send(str): What a new send with these arguments would meet now.
       on_start(str): What such a message would meet if a worker started it
         now, for lock types that take a run lock; else ``None``.
+      conflicts(tuple[ConflictInfo]): The messages of this digest that met its lock, or a
+        failing store, in the last hour, newest first (the conflict trail).
     """
 
     actor: str
@@ -200,6 +202,7 @@ class Explanation:
     locks: tuple[LockInfo, ...]
     on_send: str
     on_start: str | None
+    conflicts: tuple[ConflictInfo, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The explanation as JSON."""
@@ -214,6 +217,7 @@ class Explanation:
             "locks": [lock.as_dict() for lock in self.locks],
             "on_send": self.on_send,
             "on_start": self.on_start,
+            "conflicts": [entry.as_dict() for entry in self.conflicts],
         }
 
 

@@ -28,7 +28,7 @@ from .digest import DIGEST_LENGTH, compute_digest, lock_arguments
 from .errors import InvalidLockOptions, LockBackendError, LockStoreHealing
 from .events import BACKEND_ERROR, CONFLICT, REJECTED, REPLACED, RESCHEDULED, WAITING, LockEvent
 from .held import QUEUED, RUNNING, ConflictInfo
-from .keys import ENQUEUE, RUN, history_key
+from .keys import ENQUEUE, RUN, enqueue_key, history_key, run_key
 
 if TYPE_CHECKING:
     from dramatiq import Actor
@@ -102,6 +102,9 @@ def check_history_options(*, history: Any, history_limit: Any, history_retention
             )
     return (history_limit, history_retention) if history else None
 
+
+#: How many digests a write of the trail reads the locks of, to name their holders' state and worker.
+HOLDER_LOOKUPS = 8
 
 #: The event kinds the recorder subscribes to.
 KINDS = (CONFLICT, RESCHEDULED, REJECTED, REPLACED, WAITING, BACKEND_ERROR)
@@ -286,6 +289,7 @@ class ConflictRecorder:
                 by_prefix.setdefault(prefix, []).append(dict(fields))
         if not entries:
             return
+        self._name_holders(by_prefix)
         failed: list[tuple[str, dict[str, str]]] = []
         error: LockBackendError | None = None
         for prefix, written in by_prefix.items():
@@ -307,6 +311,31 @@ class ConflictRecorder:
         if not self._failing:
             self.logger.info("The conflict trail could not be saved; its entries are tried again later: %s", error)
         self._failing = True
+
+    def _name_holders(self, by_prefix: dict[str, list[dict[str, str]]]) -> None:
+        """Fill in the first holder's state, and the worker running it, as the locks of the
+        entries' digests are now, for the latest :data:`HOLDER_LOOKUPS` digests: one round trip
+        each. A holder gone since is left as the process knew it."""
+        digests: dict[tuple[str, str], list[dict[str, str]]] = {}
+        for prefix, written in by_prefix.items():
+            for fields in reversed(written):
+                if "holders" in fields and "digest" in fields and "holder_worker" not in fields:
+                    digests.setdefault((prefix, fields["digest"]), []).append(fields)
+        for (prefix, digest), waiting in list(digests.items())[:HOLDER_LOOKUPS]:
+            try:
+                _, records = self.backend.read([enqueue_key(prefix, digest), run_key(prefix, digest)])
+            except LockBackendError:
+                return  # the write that follows says so
+            found: dict[str, tuple[str, str | None]] = {}
+            for record in sorted(records, key=lambda record: record.kind == RUN):  # a run lock's place says most
+                holder = record.holder
+                if not record.unreadable and holder.get("message_id"):
+                    found[str(holder["message_id"])] = (str(holder.get("state") or ""), holder.get("worker_id"))
+            for fields in waiting:
+                state, worker = found.get(fields["holders"].split(",")[0], ("", None))
+                if fields.get("outcome") not in (REPLACED_OUTCOME, DISPLACED):
+                    _put(fields, "holder_state", state)
+                _put(fields, "holder_worker", worker)
 
     def give_up(self, why: str) -> None:
         """Say at WARNING how many entries a closed process leaves unwritten, if any, and ``why``."""
@@ -408,6 +437,8 @@ def read_history(
 
 #: How many entries :meth:`~dramatiq_unique.Locks.history` returns at most, by default.
 DEFAULT_HISTORY_READ = 100
+#: How far back :meth:`~dramatiq_unique.Locks.explain` reads the trail of its digest, in ms: an hour.
+EXPLAINED_HISTORY = 3_600_000
 
 
 def history_of(

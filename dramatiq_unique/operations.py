@@ -26,7 +26,7 @@ from .backends import LockBackend, LockRecord
 from .digest import DIGEST_LENGTH, compute_digest, encodes_as_utf8, lock_arguments
 from .errors import InvalidLockOptions
 from .held import QUEUED, STATES, ConflictInfo, Explanation, HolderInfo, LockInfo, WorkerInfo
-from .history import DEFAULT_HISTORY_READ, history_of
+from .history import DEFAULT_HISTORY_READ, EXPLAINED_HISTORY, history_of, read_history
 from .keys import ENQUEUE, RUN, digest_of, enqueue_key, prefix_of, registry_key, run_key
 from .options import DEFAULT_LOCK_PREFIX, LockConfig, prefix_problem
 from .presentation import count, describe_holder, describe_holders
@@ -327,6 +327,9 @@ class Locks:
             locks=tuple(locks),
             on_send=on_send,
             on_start=on_start,
+            conflicts=read_history(
+                self.backend, (config.lock_prefix,), digest=digest, within=EXPLAINED_HISTORY, limit=DEFAULT_HISTORY_READ
+            ),
         )
 
     def _read(self, prefix: str, digest: str) -> tuple[int, builtins.list[LockInfo]]:

@@ -4,6 +4,7 @@ bounded, on Redis, StubBackend and Redis Cluster, and read back through Locks.hi
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -12,16 +13,23 @@ import threading
 
 import pytest
 
-from dramatiq_unique import InvalidLockOptions, Locks, RedisBackend, StubBackend, UniqueJobs
+from dramatiq_unique import InvalidLockOptions, Locks, RedisBackend, StubBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.events import CONFLICT, RESCHEDULED, WAITING, LockEvent
 from dramatiq_unique.history import CALL_LENGTH, ConflictRecorder, message_call
 from dramatiq_unique.keys import history_key
 from dramatiq_unique.liveness import worker_id
 
+from . import test_cli
 from .cluster import cluster_env
 from .support import pop_script_calls, wait_for
+from .test_cli import assert_error, cli, ok
+
+#: The command's tests' fixture: tests/cli_app.py on the test server, with locks in every state.
+app = test_cli.app
 
 PREFIX = "dramatiq-unique"
+#: A terminal of 100 columns, the command's widest (the test runner may set a narrower one).
+WIDE = {"COLUMNS": "100"}
 HOUR = 3_600_000
 
 
@@ -76,6 +84,8 @@ def test_dropped_rescheduled_replaced_and_waiting_sends_are_in_the_trail(make_en
         "log",
     )
     assert entry.worker == worker_id() and entry.prefix == PREFIX and len(entry.digest) == 22
+    # The holder as its lock says when the entry is written: queued, in no worker yet.
+    assert (entry.holder_state, entry.holder_worker) == ("queued", None)
 
     entry = by_message[sync_again.message_id]
     assert (entry.outcome, entry.strategy, entry.delay, entry.holders) == (
@@ -119,10 +129,10 @@ def test_a_duplicate_dropped_in_the_worker_names_its_running_holder(make_env):
     assert started.wait(10)
     second = export.send("q3")
     wait_for(lambda: env.seen.skipped)
+    (entry,) = trail(env, actor="export")  # written while the holder runs: its worker is named
     gate.set()
     env.join(export)
 
-    (entry,) = trail(env, actor="export")
     assert (entry.message_id, entry.call, entry.outcome, entry.side, entry.lock_kind) == (
         second.message_id,
         "export('q3')",
@@ -130,7 +140,7 @@ def test_a_duplicate_dropped_in_the_worker_names_its_running_holder(make_env):
         "server",
         "run",
     )
-    assert (entry.holders, entry.holder_state) == ((first.message_id,), "running")
+    assert (entry.holders, entry.holder_state, entry.holder_worker) == ((first.message_id,), "running", worker_id())
 
 
 def test_history_filters_by_actor_arguments_digest_and_time(make_env):
@@ -395,3 +405,98 @@ def test_stub_and_redis_keep_and_read_a_trail_alike(redis_client, cluster_client
         [],
         [],
     ]
+
+
+# The command (a subprocess of the real command, on tests/cli_app.py) ---------------------------
+
+
+def test_history_command_filters_by_actor_arguments_and_since(app, redis_url):
+    module, sent = app
+    dropped = [module.settle_payment.send("evt_123", {"amount": n}) for n in range(2)]
+    module.build_report.send("2024-06-30")  # its lock_limit of 2 is full
+    # An entry of three hours ago, as a process whose clock says so would have written it.
+    old = ConflictRecorder(
+        module.unique.backend,
+        clock=lambda: module.unique.backend.time() - 3 * HOUR,
+        worker=worker_id,
+        logger=logging.getLogger("test"),
+    )
+    old(
+        _conflict(
+            "settle_payment",
+            "m-old",
+            call="settle_payment('evt_123')",
+            holders=("m-holder",),
+            digest=enqueue_outcome(sent["settle"]).digest,
+        )
+    )
+    old.flush()
+    module.unique.activity.flush()  # a worker's heartbeat thread does this once per interval
+
+    out = ok(cli("--url", redis_url, "history", "settle_payment", "--since", "2h", env=WIDE))
+    lines = out.splitlines()
+    assert " ".join(lines[:2]).startswith(
+        "Conflicts of actor 'settle_payment' in the last 2h 00m under prefix 'dramatiq-unique'"
+    )
+    assert f"on redis://{redis_url.split('//')[1].rsplit('/', 1)[0]}/0" in " ".join(lines[:2])
+    assert all(len(line) <= 100 for line in lines)
+    assert "m-old" not in out and out.count("dropped at send (log)  settle_payment('evt_123', {'amount':") == 2
+    for message in dropped:
+        assert f"message {message.message_id[:8]} held by {sent['settle'].message_id[:8]} (queued)" in out
+    assert lines[-1] == "2 conflicts shown; --json prints every field."
+
+    # Without --since, the old entry too; --args with the actor's own lock_args_method (--app).
+    listed = json.loads(
+        ok(cli("--app", "tests.cli_app", "history", "settle_payment", "--args", '["evt_123"]', "--json"))
+    )
+    assert [entry["message_id"] for entry in listed] == [m.message_id for m in reversed(dropped)] + ["m-old"]
+    assert set(listed[0]) >= {"at", "actor", "queue", "call", "digest", "outcome", "holders", "worker", "side"}
+    assert listed[0]["holders"] == [sent["settle"].message_id]
+    everything = json.loads(ok(cli("--url", redis_url, "history", "--json", "--limit", "10")))
+    assert {entry["actor"] for entry in everything} == {"settle_payment", "build_report"}
+    assert len(json.loads(ok(cli("--url", redis_url, "history", "--json", "--limit", "1")))) == 1
+    assert ok(cli("--url", redis_url, "history", "ping")).startswith("No conflicts of actor 'ping' under prefix")
+
+
+def test_history_command_refuses_bad_input(redis_url):
+    from dramatiq_unique.cli import RET_USAGE
+
+    result = cli("--url", redis_url, "history", "--since", "2 hours")
+    assert result.returncode == RET_USAGE and "'2 hours' is not a duration such as 30s, 15m, 2h or 1d" in result.stderr
+    line = assert_error(cli("--url", redis_url, "history", "--args", "[1]"), RET_USAGE)
+    assert "--args and --kwargs need an ACTOR" in line
+    assert "--args must be a JSON array" in assert_error(cli("--url", redis_url, "history", "x", "--args", "{}"), 2)
+
+
+def test_explain_ends_with_the_last_conflicts_of_the_job(app, redis_url):
+    module, sent = app
+    for _ in range(3):
+        module.settle_payment.send("evt_123")
+    module.settle_payment.send("evt_999")  # another job: not in this one's tail
+    module.unique.activity.flush()
+    out = ok(cli("explain", "tests.cli_app:settle_payment", '["evt_123"]', env=WIDE))
+    tail = " ".join(out.split("\n\n")[-1].split())
+    assert tail.startswith(
+        f"3 sends in the last hour were dropped: held by message '{sent['settle'].message_id}' (queued), the latest at "
+    )
+    assert all(len(line) <= 100 for line in out.split("\n\n")[-1].splitlines())
+    explained = json.loads(ok(cli("explain", "tests.cli_app:settle_payment", '["evt_123"]', "--json")))
+    assert [entry["outcome"] for entry in explained["conflicts"]] == ["dropped"] * 3
+    quiet = ok(cli("explain", "tests.cli_app:settle_payment", '["evt_000"]'))
+    assert quiet.rstrip().endswith("The conflict trail has no message of this job in the last hour.")
+
+
+def _conflict(actor, message_id, *, call, holders, digest="d" * 22):
+    return LockEvent(
+        kind=CONFLICT,
+        actor_name=actor,
+        queue_name="payments",
+        digest=digest,
+        message_id=message_id,
+        lock="until_executed",
+        side="client",
+        strategy="log",
+        holders=holders,
+        call=call,
+        lock_prefix=PREFIX,
+    )
