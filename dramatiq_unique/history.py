@@ -118,10 +118,26 @@ def message_call(message: Any) -> str:
     """The actor call of ``message`` as Dramatiq's ``str(message)`` writes it, e.g.
     ``reindex('acme', 200)``, cut to :data:`CALL_LENGTH` characters; long arguments are
     shortened as they are written, so a large one costs no more than a small one."""
-    params = [_REPR.repr(arg) for arg in message.args]
-    params += [f"{name}={_REPR.repr(value)}" for name, value in message.kwargs.items()]
+    try:
+        params = [_short_repr(arg) for arg in message.args]
+        params += [f"{name}={_short_repr(value)}" for name, value in message.kwargs.items()]
+    except Exception:
+        # An argument whose repr raises (an int beyond Python's digits limit, a class of its own).
+        params = ["…"]
     call = f"{message.actor_name}({', '.join(params)})"
     return call if len(call) <= CALL_LENGTH else call[: CALL_LENGTH - 1] + "…"
+
+
+#: The types whose repr is short, and quick to write, unless they are long strings.
+_SHORT = frozenset({int, float, bool, type(None)})
+
+
+def _short_repr(value: Any) -> str:
+    """``repr(value)``, shortened by reprlib when it could be long."""
+    kind = type(value)
+    if kind in _SHORT or (kind is str and len(value) <= _REPR.maxstring):
+        return repr(value)
+    return _REPR.repr(value)
 
 
 class _Thread(threading.local):
