@@ -13,7 +13,15 @@ import threading
 
 import pytest
 
-from dramatiq_unique import InvalidLockOptions, Locks, RedisBackend, StubBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique import (
+    InvalidLockOptions,
+    LockBackendError,
+    Locks,
+    RedisBackend,
+    StubBackend,
+    UniqueJobs,
+    enqueue_outcome,
+)
 from dramatiq_unique.events import CONFLICT, RESCHEDULED, WAITING, LockEvent
 from dramatiq_unique.history import CALL_LENGTH, ConflictRecorder, message_call
 from dramatiq_unique.keys import history_key
@@ -504,3 +512,32 @@ def _conflict(actor, message_id, *, call, holders, digest="d" * 22):
         call=call,
         lock_prefix=PREFIX,
     )
+
+
+def test_sends_and_starts_refused_while_the_store_heals_are_in_the_trail(make_env):
+    env = make_env()
+
+    @env.actor(lock="until_executed")
+    def reindex(n):
+        pass
+
+    @env.actor(lock="while_executing")
+    def export(report):
+        pass
+
+    # As a worker that found the store's data lost refuses new places while it heals.
+    env.backend.refuse_new_places(PREFIX, ttl=30_000)
+    with pytest.raises(LockBackendError):
+        reindex.send(1)
+    started = export.send("q3")
+    env.worker()
+    env.wait_for_skips(1)  # enqueued again, to start once the store healed
+    by_actor = {entry.actor: entry for entry in trail(env)}
+    assert set(by_actor) == {"reindex", "export"}
+    refused = by_actor["reindex"]
+    assert (refused.outcome, refused.call, refused.side, refused.holders) == ("healing", "reindex(1)", None, ())
+    assert refused.reason.startswith("acquisition at enqueue: ")
+    entry = by_actor["export"]
+    assert (entry.outcome, entry.message_id, entry.call) == ("healing", started.message_id, "export('q3')")
+    assert entry.reason.startswith("start: ")
+    env.backend.accept_new_places(PREFIX)
