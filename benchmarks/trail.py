@@ -52,6 +52,7 @@ class Figures:
     duplicate_off: list[float] = field(default_factory=list)
     write_us: list[float] = field(default_factory=list)
     entry_us: list[float] = field(default_factory=list)
+    write_calls: list[int] = field(default_factory=list)
 
     @property
     def extra_commands(self) -> list[float]:
@@ -113,9 +114,9 @@ def duplicate_sends(*, history: bool) -> float:
     return elapsed / DUPLICATES * 1e6
 
 
-def write(url: str) -> float:
+def write(url: str) -> tuple[float, int]:
     """Server µs of one write of :data:`ENTRIES_PER_WRITE` entries over :data:`DIGESTS_PER_WRITE`
-    held locks: their holders read, and the entries added."""
+    held locks (their holders read, and the entries added), and its round trips (script calls)."""
     client = redis.Redis.from_url(url)
     client.flushdb()
     broker = StubBroker()
@@ -135,11 +136,12 @@ def write(url: str) -> float:
     unique.activity.flush()
     stats = client.info("commandstats")
     usec = sum(stat["usec"] for name, stat in stats.items() if name not in ("cmdstat_config|resetstat",))
+    calls = sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("fcall", "evalsha"))
     assert client.xlen(history_key("dramatiq-unique")) == ENTRIES_PER_WRITE
     unique.activity.close()
     broker.close()
     client.close()
-    return float(usec)
+    return float(usec), calls
 
 
 def measure(url: str, rounds: int = ROUNDS) -> Figures:
@@ -150,7 +152,8 @@ def measure(url: str, rounds: int = ROUNDS) -> Figures:
         figures.commands_off.append(free_sends(url, history=False))
         figures.duplicate_on.append(duplicate_sends(history=True))
         figures.duplicate_off.append(duplicate_sends(history=False))
-        usec = write(url)
+        usec, calls = write(url)
+        figures.write_calls.append(calls)
         figures.write_us.append(usec)
         figures.entry_us.append(usec / ENTRIES_PER_WRITE)
     return figures
@@ -165,7 +168,8 @@ def describe(figures: Figures) -> list[str]:
         f"  Python per duplicate send (log): trail on {med(figures.duplicate_on):.1f} µs, "
         f"off {med(figures.duplicate_off):.1f} µs: {med(figures.conflict_us):.1f} µs per conflict",
         f"  server time of one write ({ENTRIES_PER_WRITE} entries, {DIGESTS_PER_WRITE} locks read for their "
-        f"holders): {med(figures.write_us):.0f} µs, {med(figures.entry_us):.1f} µs per entry",
+        f"holders): {med(figures.write_us):.0f} µs, {med(figures.entry_us):.1f} µs per entry, in "
+        f"{max(figures.write_calls)} round trips",
     ]
 
 

@@ -28,7 +28,7 @@ from .digest import DIGEST_LENGTH, compute_digest, lock_arguments
 from .errors import InvalidLockOptions, LockBackendError, LockStoreHealing
 from .events import BACKEND_ERROR, CONFLICT, REJECTED, REPLACED, RESCHEDULED, WAITING, LockEvent
 from .held import QUEUED, RUNNING, ConflictInfo
-from .keys import ENQUEUE, RUN, enqueue_key, history_key, run_key
+from .keys import ENQUEUE, RUN, digest_of, enqueue_key, history_key, prefix_of, run_key
 
 if TYPE_CHECKING:
     from dramatiq import Actor
@@ -104,7 +104,7 @@ def check_history_options(*, history: Any, history_limit: Any, history_retention
 
 
 #: How many digests a write of the trail reads the locks of, to name their holders' state and worker.
-HOLDER_LOOKUPS = 8
+HOLDER_LOOKUPS = 32
 
 #: The event kinds the recorder subscribes to.
 KINDS = (CONFLICT, RESCHEDULED, REJECTED, REPLACED, WAITING, BACKEND_ERROR)
@@ -330,25 +330,31 @@ class ConflictRecorder:
 
     def _name_holders(self, by_prefix: dict[str, list[dict[str, str]]]) -> None:
         """Fill in the first holder's state, and the worker running it, as the locks of the
-        entries' digests are now, for the latest :data:`HOLDER_LOOKUPS` digests: one round trip
-        each. A holder gone since is left as the process knew it."""
+        entries' digests are now, for the latest :data:`HOLDER_LOOKUPS` digests: in one round trip
+        on one Redis, one per digest on Redis Cluster. A holder gone since is left as the process
+        knew it."""
         digests: dict[tuple[str, str], list[dict[str, str]]] = {}
         for prefix, written in by_prefix.items():
             for fields in reversed(written):
                 if "holders" in fields and "digest" in fields and "holder_worker" not in fields:
                     digests.setdefault((prefix, fields["digest"]), []).append(fields)
-        for (prefix, digest), waiting in list(digests.items())[:HOLDER_LOOKUPS]:
-            try:
-                _, records = self.backend.read([enqueue_key(prefix, digest), run_key(prefix, digest)])
-            except LockBackendError:
-                return  # the write that follows says so
-            found: dict[str, tuple[str, str | None]] = {}
-            for record in sorted(records, key=lambda record: record.kind == RUN):  # a run lock's place says most
-                holder = record.holder
-                if not record.unreadable and holder.get("message_id"):
-                    found[str(holder["message_id"])] = (str(holder.get("state") or ""), holder.get("worker_id"))
-            for fields in waiting:
-                state, worker = found.get(fields["holders"].split(",")[0], ("", None))
+        looked_up = list(digests)[:HOLDER_LOOKUPS]
+        if not looked_up:
+            return
+        keys = [key for prefix, digest in looked_up for key in (enqueue_key(prefix, digest), run_key(prefix, digest))]
+        try:
+            records = self.backend.read_many(keys)
+        except LockBackendError:
+            return  # the write that follows says so
+        found: dict[tuple[str | None, str, str], tuple[str, str | None]] = {}
+        for record in sorted(records, key=lambda record: record.kind == RUN):  # a run lock's place says most
+            holder = record.holder
+            if not record.unreadable and holder.get("message_id"):
+                where = (prefix_of(record.key), digest_of(record.key) or "")
+                found[(*where, str(holder["message_id"]))] = (str(holder.get("state") or ""), holder.get("worker_id"))
+        for prefix, digest in looked_up:
+            for fields in digests[(prefix, digest)]:
+                state, worker = found.get((prefix, digest, fields["holders"].split(",")[0]), ("", None))
                 if fields.get("outcome") not in (REPLACED_OUTCOME, DISPLACED):
                     _put(fields, "holder_state", state)
                 _put(fields, "holder_worker", worker)
