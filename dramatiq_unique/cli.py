@@ -389,8 +389,7 @@ def _print_last_conflicts(context: Context, conflicts: Sequence[ConflictInfo]) -
         context.print("The conflict trail has no message of this job in the last hour.")
         return
     for sentence in conflicts_summary(conflicts):
-        for line in textwrap.wrap(sentence, _width()):
-            context.print(line)
+        context.print(sentence)  # one line, as explain's sentences above
 
 
 def declare_history(subparsers: Subparsers) -> None:
