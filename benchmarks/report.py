@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 try:
-    from . import failover, hooks, latency, lines, memory, overhead, renewals, round_trips, server_time
+    from . import failover, hooks, latency, lines, memory, overhead, renewals, round_trips, server_time, trail
     from ._server import describe, given_urls, redis_urls, server_executables, started_urls
 except ImportError:
     import failover
@@ -36,6 +36,7 @@ except ImportError:
     import renewals
     import round_trips
     import server_time
+    import trail
     from _server import describe, given_urls, redis_urls, server_executables, started_urls
 
 #: Rounds of the worker hooks' measurement, each of hooks.MESSAGES messages.
@@ -204,6 +205,7 @@ def main() -> None:
         window = overhead.measure_release_window(url)
         waiting = lines.measure_all(url)
         renewal = renewals.measure_renewals(url)
+        conflicts = trail.measure(url)
     # Servers of its own: a primary, two replicas and three sentinels (about 15 s).
     losses, durability = failover.measure()
     eight = next(f for f in p3 if f.threads == 8)
@@ -280,6 +282,7 @@ def main() -> None:
         )
     print("\n".join(lines.describe(waiting)))
     print("\n".join(failover.describe(losses, durability)))
+    print("\n".join(trail.describe(conflicts)))
     rows: list[Row] = []
     lifecycle_rows = (
         (
@@ -411,6 +414,24 @@ def main() -> None:
                 f"at most {renewal['batched']['most_calls_in_a_tick']} in one; renewed one by one "
                 f"{renewal['one_by_one']['calls_per_tick']:.2f}"
             ),
+        ),
+    ]
+    rows += [
+        Row(
+            "The conflict trail: commands per send of a free lock, trail on − off (INFO commandstats)",
+            first.name,
+            conflicts.extra_commands,
+            "{:.2f}",
+            "0",
+            at_most=0,
+        ),
+        Row(
+            "The conflict trail: Python per send that meets a held lock, trail on − off (StubBackend, log)",
+            first.name,
+            conflicts.conflict_us,
+            "{:.1f} µs",
+            "no target",
+            beside=f"a write's server time {median_range(conflicts.entry_us, '{:.1f} µs')} per entry",
         ),
     ]
     print()

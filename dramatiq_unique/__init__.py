@@ -19,7 +19,7 @@ from .errors import (
     UniqueError,
 )
 from .events import EVENT_KINDS, LockEvent
-from .held import Explanation, HolderInfo, LockInfo, WorkerInfo
+from .held import ConflictInfo, Explanation, HolderInfo, LockInfo, WorkerInfo
 from .middleware import UniqueJobs
 from .operations import Locks
 from .outcome import EnqueueOutcome, enqueue_outcome, record_outcome
@@ -51,6 +51,7 @@ __all__ = [
     "HolderInfo",
     "WorkerInfo",
     "Explanation",
+    "ConflictInfo",
     # Crash safety
     "ReapReport",
     "reap_orphans",

@@ -20,13 +20,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends import LockBackend
 from .errors import LockBackendError
 from .events import EVENT_KINDS
 from .keys import activity_key
 from .options import DEFAULT_LOCK_PREFIX
+
+if TYPE_CHECKING:
+    from .history import ConflictRecorder
 
 #: How long the counts of a minute are kept, in milliseconds: 6 hours.
 ACTIVITY_RETENTION = 6 * 60 * 60 * 1000
@@ -82,6 +85,9 @@ class ActivityCounter:
         self._failing = False
         #: Why the last flush failed; ``None`` when it succeeded.
         self.last_error: LockBackendError | None = None
+        #: What else the periodic thread writes with the counts, in one round trip of its own:
+        #: the conflict trail (a :class:`~dramatiq_unique.history.ConflictRecorder`).
+        self.also: list[ConflictRecorder] = []
 
     def __call__(self, actor_name: str, kind: str) -> None:
         """Count one event of ``kind`` about ``actor_name`` (an :meth:`Events.add_counter` counter)."""
@@ -98,8 +104,8 @@ class ActivityCounter:
 
     @property
     def pending(self) -> bool:
-        """Whether counts wait for a flush."""
-        return bool(self._counts)
+        """Whether counts, or entries of what is written with them, wait for a flush."""
+        return bool(self._counts) or any(writer.pending for writer in self.also)
 
     @property
     def closed(self) -> bool:
@@ -109,7 +115,17 @@ class ActivityCounter:
     def flush(self) -> None:
         """Add the counts so far to the backend in one round trip; if the
         backend fails, they are kept for the next flush (for as long as
-        they would be kept in the backend)."""
+        they would be kept in the backend). Then write what is written with them."""
+        self._flush_counts()
+        for writer in self.also:
+            writer.flush()
+
+    @property
+    def failure(self) -> LockBackendError | None:
+        """Why the last flush of the counts, or of what is written with them, failed; ``None`` if none did."""
+        return self.last_error or next((w.last_error for w in self.also if w.last_error is not None), None)
+
+    def _flush_counts(self) -> None:
         with self._mutex:
             counts, self._counts = self._counts, {}
             if not counts:
@@ -158,6 +174,8 @@ class ActivityCounter:
     def give_up(self, why: str) -> None:
         """Say at WARNING which counts a closed counter leaves unwritten, if any, and ``why``,
         and forget those that wait: a later close does not report them again."""
+        for writer in self.also:
+            writer.give_up(why)
         per_actor = self.unwritten()
         with self._mutex:
             self._counts = {}
@@ -177,6 +195,8 @@ class ActivityCounter:
         self._mutex = threading.Lock()
         self._counts = {}
         self._sending = []
+        for writer in self.also:
+            writer.reset_after_fork()
 
     def _now(self) -> int:
         now = self.clock()

@@ -14,7 +14,9 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -29,13 +31,24 @@ from .backends import LockBackend, RedisBackend
 from .default_backend import URL_VARIABLE
 from .digest import DIGEST_LENGTH
 from .errors import InvalidBackendOptions, LineNeedsBroker, LockArgumentsError, LockBackendError
-from .held import LockInfo
+from .held import ConflictInfo, LockInfo
 from .keys import digest_of
 from .links import EXTRAS
 from .middleware import UniqueJobs
 from .operations import Locks, unique_jobs_of
 from .options import DEFAULT_LOCK_PREFIX, prefix_problem
-from .presentation import count, describe_lock, lock_table, places, prefixes_phrase, table
+from .presentation import (
+    TRAIL_WIDTH,
+    conflicts_summary,
+    count,
+    describe_lock,
+    format_duration,
+    lock_table,
+    places,
+    prefixes_phrase,
+    table,
+    trail_lines,
+)
 from .reaper import DEFAULT_BATCH, reap_orphans
 from .version import __version__
 
@@ -366,6 +379,90 @@ def run_explain(context: Context, args: argparse.Namespace) -> int:
     context.print(explanation.on_send)
     if explanation.on_start is not None:
         context.print(explanation.on_start)
+    _print_last_conflicts(context, explanation.conflicts)
+    return RET_OK
+
+
+def _print_last_conflicts(context: Context, conflicts: Sequence[ConflictInfo]) -> None:
+    """The end of ``explain``: what the conflict trail says of the job in the last hour."""
+    context.print()
+    if not conflicts:
+        context.print("The conflict trail has no message of this job in the last hour.")
+        return
+    for sentence in conflicts_summary(conflicts):
+        context.print(sentence)  # one line, as explain's sentences above
+
+
+def declare_history(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "history",
+        help="show the messages that met a held lock: why a job did not run",
+        description="Show the conflict trail, newest first: each message that met a held lock or a failing lock "
+        "store, what became of it, and who held the lock. Workers and senders write it once per heartbeat interval, "
+        "so the last seconds may be missing.",
+    )
+    parser.add_argument(
+        "actor", nargs="?", metavar="ACTOR", help="only the messages of this actor (a name, or MODULE:ACTOR)"
+    )
+    parser.add_argument(
+        "--args",
+        metavar="ARGS_JSON",
+        help="only the messages of ACTOR with these positional arguments, as a JSON array: their digest is computed "
+        "as explain computes it",
+    )
+    parser.add_argument("--kwargs", metavar="KWARGS_JSON", help="the keyword arguments that go with --args")
+    parser.add_argument(
+        "--since", type=_duration_argument, metavar="DURATION", help="only the last DURATION, e.g. 30s, 15m, 2h, 1d"
+    )
+    parser.add_argument("--digest", type=_digest_argument, help="only the messages of this digest (or lock key)")
+    parser.add_argument("--limit", type=_positive, default=50, metavar="N", help="at most N entries (default: 50)")
+    parser.add_argument("--json", action="store_true", help="print one JSON array of every field")
+    parser.set_defaults(run=run_history)
+
+
+def run_history(context: Context, args: argparse.Namespace) -> int:
+    actor: str | Actor[Any, Any] | None = args.actor
+    if args.actor and ":" in args.actor:
+        actor = import_actor(args.actor)
+        if context.app is None:
+            context.app = App(broker=actor.broker, unique=_unique_jobs(actor.broker))
+    elif args.actor and context.app is not None and args.actor in context.app.broker.actors:
+        actor = context.app.broker.actors[args.actor]  # its own lock_args_method makes the digest
+    positional = None if args.args is None else _json_argument(args.args, list, "--args must be a JSON array")
+    keywords = None if args.kwargs is None else _json_argument(args.kwargs, dict, "--kwargs must be a JSON object")
+    if (positional is not None or keywords is not None) and actor is None:
+        raise CommandError("--args and --kwargs need an ACTOR: the digest of arguments depends on it.", RET_USAGE)
+    try:
+        entries = context.locks.history(
+            actor, args=positional, kwargs=keywords, digest=args.digest, within_ms=args.since, limit=args.limit
+        )
+    except (ValueError, LockArgumentsError) as e:
+        raise CommandError(str(e), RET_USAGE) from None
+    if args.json:
+        context.print_json([entry.as_dict() for entry in entries])
+        return RET_OK
+    name = actor if actor is None or isinstance(actor, str) else actor.actor_name
+    subject = "".join(
+        (
+            f" of actor {name!r}" if name else "",
+            f" with arguments {args.args}" if positional is not None else "",
+            f" of digest {args.digest!r}" if args.digest else "",
+            f" in the last {format_duration(args.since)}" if args.since else "",
+        )
+    )
+    where = f"under {prefixes_phrase(context.prefixes)} on {_server(context.backend)}"
+    if not entries:
+        context.print(f"No conflicts{subject} {where}.")
+        return RET_OK
+    width = _width()
+    for line in textwrap.wrap(f"Conflicts{subject} {where}, newest first (times in UTC):", width):
+        context.print(line)
+    context.print()
+    for line in trail_lines(entries, width=width):
+        context.print(line)
+    context.print()
+    more = " (--limit for more)" if len(entries) == args.limit else ""
+    context.print(f"{count(len(entries), 'conflict')} shown{more}; --json prints every field.")
     return RET_OK
 
 
@@ -590,6 +687,7 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     declare_list,
     declare_show,
     declare_explain,
+    declare_history,
     declare_unlock,
     declare_reap,
     declare_stats,
@@ -605,6 +703,44 @@ def _positive(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value!r} is not an integer >= 1")
     return number
+
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_argument(value: str) -> int:
+    """``30s``, ``15m``, ``2h``, ``1d``, or several, ``1h30m``: in milliseconds."""
+    parts = _DURATION.findall(value.strip().lower())
+    if not parts or "".join(number + unit for number, unit in parts) != value.strip().lower():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration such as 30s, 15m, 2h or 1d")
+    total = sum(int(number) * _UNITS[unit] for number, unit in parts)
+    if total < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is no time at all")
+    return total
+
+
+def _width() -> int:
+    """The width the conflict trail is printed in: the terminal's ($COLUMNS first), at most
+    100 columns, and 100 when the output is no terminal."""
+    return max(40, min(TRAIL_WIDTH, shutil.get_terminal_size((TRAIL_WIDTH, 24)).columns))
+
+
+def _server(backend: LockBackend) -> str:
+    """The Redis a backend reads, as a person names it, without its password."""
+    client = getattr(backend, "client", None)
+    if client is None:
+        return type(backend).__name__
+    if hasattr(client, "get_default_node"):
+        node = client.get_default_node()
+        return f"the Redis Cluster of {node.host}:{node.port}"
+    pool = client.connection_pool
+    if hasattr(pool, "service_name"):
+        return f"the Redis of Sentinel service {pool.service_name!r}"
+    kwargs = pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
+    return f"redis://{kwargs.get('host')}:{kwargs.get('port')}/{kwargs.get('db', 0)}"
 
 
 def _prefix_argument(value: str) -> str:

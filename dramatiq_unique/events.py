@@ -95,6 +95,10 @@ class LockEvent:
       reason(str): Why (reaped, rejected), what failed (backend_error), or which part of
         the store lost its data (data_lost).
       error(Exception): The error the backend raised (backend_error).
+      call(str): The message's actor call as a person reads it, e.g. ``reindex('acme', 200)``, cut
+        to :data:`~dramatiq_unique.history.CALL_LENGTH` characters (conflict, rescheduled,
+        rejected, replaced, waiting, and backend_error about a message).
+      lock_prefix(str): The lock prefix of the message's locks (the kinds of ``call``).
     """
 
     kind: str
@@ -112,6 +116,13 @@ class LockEvent:
     replaced: str | None = None
     reason: str | None = None
     error: Exception | None = None
+    call: str | None = None
+    lock_prefix: str | None = None
+
+
+#: The kinds of event that tell why a message did not run as sent, or not yet: their events
+#: carry the message's call and lock prefix, for the conflict trail.
+TRAIL_KINDS = frozenset({CONFLICT, RESCHEDULED, REJECTED, REPLACED, WAITING, BACKEND_ERROR})
 
 
 class EventSubject(NamedTuple):

@@ -188,6 +188,8 @@ class Explanation:
       on_send(str): What a new send with these arguments would meet now.
       on_start(str): What such a message would meet if a worker started it
         now, for lock types that take a run lock; else ``None``.
+      conflicts(tuple[ConflictInfo]): The messages of this digest that met its lock, or a
+        failing store, in the last hour, newest first (the conflict trail).
     """
 
     actor: str
@@ -200,6 +202,7 @@ class Explanation:
     locks: tuple[LockInfo, ...]
     on_send: str
     on_start: str | None
+    conflicts: tuple[ConflictInfo, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The explanation as JSON."""
@@ -214,4 +217,60 @@ class Explanation:
             "locks": [lock.as_dict() for lock in self.locks],
             "on_send": self.on_send,
             "on_start": self.on_start,
+            "conflicts": [entry.as_dict() for entry in self.conflicts],
+        }
+
+
+@dataclass(frozen=True)
+class ConflictInfo:
+    """One message of the conflict trail: it met a held lock, or a failing lock store, and did
+    not run as sent, or not yet.
+
+    Parameters:
+      at(int): When, in ms of the backend's clock (as the process that met it estimated it).
+      prefix(str): The lock prefix of its locks.
+      actor(str): The actor of the message.
+      queue(str): Its canonical queue.
+      message_id(str): The message.
+      call(str): Its actor call as a person reads it, e.g. ``reindex('acme', 200)``, cut to a
+        bound; ``None`` when the process did not know it (a message displaced or replaced by another).
+      digest(str): Its lock's digest.
+      lock(str): Its lock type; ``None`` when not known.
+      lock_kind(str): ``"enqueue"`` or ``"run"``: the lock it met; ``None`` for a failing store.
+      side(str): ``"client"`` (at send) or ``"server"`` (at start); ``None`` when not known.
+      strategy(str): The conflict strategy that dealt with it; ``None`` for a failing store.
+      outcome(str): What became of it: one of :data:`~dramatiq_unique.history.OUTCOMES`, or the
+        name of a strategy of your own.
+      holders(tuple[str]): The message_ids that held the lock: for ``"replaced"`` and
+        ``"displaced"``, the newer message that took its place.
+      holder_state(str): ``"queued"`` or ``"running"``: the first holder's state, where known.
+      holder_worker(str): The worker running the first holder, where known.
+      worker(str): The worker or process where it happened: host, pid and a random part.
+      reason(str): What failed, or why, where it tells more than the outcome.
+      delay(int): Milliseconds after which a rescheduled message tries again.
+    """
+
+    at: int
+    prefix: str
+    actor: str
+    queue: str
+    message_id: str
+    call: str | None
+    digest: str | None
+    lock: str | None
+    lock_kind: str | None
+    side: str | None
+    strategy: str | None
+    outcome: str
+    holders: tuple[str, ...]
+    holder_state: str | None
+    holder_worker: str | None
+    worker: str
+    reason: str | None = None
+    delay: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The entry as JSON: times in epoch milliseconds."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)} | {
+            "holders": list(self.holders)
         }

@@ -3,7 +3,8 @@
 Every key starts with the lock prefix, and the keys of one digest share the
 hash tag ``{<digest>}``, so one Lua script can touch both of them on Redis
 Cluster. The keys of the lock activity share the hash tag ``{activity}``, so
-one call writes the counts of several minutes.
+one call writes the counts of several minutes; the conflict trail of each
+prefix shares it too.
 """
 
 from __future__ import annotations
@@ -89,6 +90,12 @@ def format_key(prefix: str, tag: str | None = None) -> str:
 def activity_key(prefix: str, minute: int) -> str:
     """The key of the lock activity counts of ``minute`` (minutes since the epoch)."""
     return f"{prefix}:activity:{{activity}}:{minute}"
+
+
+def history_key(prefix: str) -> str:
+    """The key of the conflict trail of the locks under ``prefix``: a stream of the messages that
+    met a held lock or a failing store. It shares the hash tag of the activity counts."""
+    return f"{prefix}:history:{{activity}}"
 
 
 def healing_key(prefix: str) -> str:

@@ -15,9 +15,10 @@ from .backends.base import LAPSED as NOT_HELD
 from .current import HeldLock
 from .digest import compute_digest, lock_arguments
 from .errors import LockBackendError
-from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, Events, EventSubject
+from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, TRAIL_KINDS, Events, EventSubject
 from .frozen import frozen_instance
 from .held import QUEUED
+from .history import message_call
 from .keys import ENQUEUE, RUN, enqueue_key, replaced_key, run_key
 from .liveness import worker_id
 from .options import LONGEST_LOCK_DURATION, LockConfig
@@ -195,8 +196,14 @@ class MessageLock:
                     replaced=replaced,
                     reason=reason,
                     error=error,
+                    **(self._trail() if kind in TRAIL_KINDS else {}),
                 )
             )
+
+    def _trail(self) -> dict[str, str]:
+        """What the events of the conflict trail's kinds tell besides: the message's call and
+        its lock prefix. Built only with such an event."""
+        return {"call": message_call(self.sent), "lock_prefix": self.config.lock_prefix}
 
     def acquire_enqueue(
         self,

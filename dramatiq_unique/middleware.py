@@ -23,6 +23,7 @@ from .eviction import EvictionCheck
 from .forks import reset_in_child
 from .handoffs import Handoffs
 from .healing import Healing
+from .history import DEFAULT_HISTORY_LIMIT, DEFAULT_HISTORY_RETENTION, check_history_options
 from .keys import reaper_schedule_key
 from .lock import LockFactory
 from .metrics import PrometheusMetrics, warn_if_prometheus_follows
@@ -133,6 +134,11 @@ class UniqueJobs(Middleware):
         :doc:`Getting started </getting-started>`).
       activity(bool): Count lock events per minute in the lock backend, for
         ``read_activity()``; each process adds its counts once per heartbeat interval.
+      history(bool): Keep the conflict trail in the lock backend: each message that met a held
+        lock or a failing lock store, for ``Locks.history()``. See :doc:`The conflict trail
+        </operations/history>`.
+      history_limit(int): How many entries the trail of one lock prefix keeps at most.
+      history_retention(int): Milliseconds an entry of the trail is kept.
     """
 
     def __init__(
@@ -161,6 +167,9 @@ class UniqueJobs(Middleware):
         background_releases: bool = DEFAULT_BACKGROUND_RELEASES,
         metrics: bool | CollectorRegistry = DEFAULT_METRICS,
         activity: bool = DEFAULT_ACTIVITY,
+        history: bool = True,
+        history_limit: int = DEFAULT_HISTORY_LIMIT,
+        history_retention: int = DEFAULT_HISTORY_RETENTION,
     ):
         self.logger: logging.Logger = get_logger(__name__, type(self))  # type: ignore[no-untyped-call]
         # Every option is checked before anything is built: a bad one leaves no thread or hook behind.
@@ -175,6 +184,7 @@ class UniqueJobs(Middleware):
             reaper_queue=reaper_queue,
             activity=activity,
         )
+        trail = check_history_options(history=history, history_limit=history_limit, history_retention=history_retention)
         self.defaults = lock_defaults(
             lock=lock,
             on_conflict=on_conflict,
@@ -217,6 +227,7 @@ class UniqueJobs(Middleware):
             on_backend_error=on_backend_error,
             background_releases=background_releases,
             activity=activity,
+            history=trail,
         )
         if backend is not None:
             self._compose(backend)
@@ -235,6 +246,7 @@ class UniqueJobs(Middleware):
         on_backend_error: str,
         background_releases: bool,
         activity: bool,
+        history: tuple[int, int] | None,
     ) -> None:
         """Build the parts that talk to the lock backend, once it is known."""
         self.reaper = Reaper(backend, prefix=lock_prefix, logger=self.logger, events=self.events)
@@ -259,6 +271,7 @@ class UniqueJobs(Middleware):
             events=self.events,
             background_releases=background_releases,
             activity=activity,
+            history=history,
             periodic_tasks=periodic_tasks,
             healing=lambda data_lost: self.healing(data_lost),
             hand_over_healing=lambda: self.healing.hand_over(),
@@ -267,8 +280,11 @@ class UniqueJobs(Middleware):
         #: The parts of the runtime that each message's locks use.
         self.liveness = self.runtime.liveness
         self.releases = self.runtime.releases
-        #: The lock activity counter, ``None`` with ``activity=False``.
+        #: The lock activity counter, which writes the conflict trail too; ``None`` with
+        #: ``activity=False`` and ``history=False``.
         self.activity = self.runtime.activity
+        #: The conflict trail's recorder, ``None`` with ``history=False``.
+        self.history = self.runtime.history
         locks = LockFactory(
             backend=backend, logger=self.logger, liveness=self.liveness, events=self.events, releases=self.releases
         )

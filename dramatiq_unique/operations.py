@@ -25,7 +25,8 @@ from dramatiq.logging import get_logger
 from .backends import LockBackend, LockRecord
 from .digest import DIGEST_LENGTH, compute_digest, encodes_as_utf8, lock_arguments
 from .errors import InvalidLockOptions
-from .held import QUEUED, STATES, Explanation, HolderInfo, LockInfo, WorkerInfo
+from .held import QUEUED, STATES, ConflictInfo, Explanation, HolderInfo, LockInfo, WorkerInfo
+from .history import DEFAULT_HISTORY_READ, EXPLAINED_HISTORY, history_of, read_history
 from .keys import ENQUEUE, RUN, digest_of, enqueue_key, prefix_of, registry_key, run_key
 from .options import DEFAULT_LOCK_PREFIX, LockConfig, prefix_problem
 from .presentation import count, describe_holder, describe_holders
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
     from .middleware import UniqueJobs
 
-__all__ = ["Explanation", "HolderInfo", "LockInfo", "Locks", "WorkerInfo"]
+__all__ = ["ConflictInfo", "Explanation", "HolderInfo", "LockInfo", "Locks", "WorkerInfo"]
 
 
 class Locks:
@@ -326,6 +327,9 @@ class Locks:
             locks=tuple(locks),
             on_send=on_send,
             on_start=on_start,
+            conflicts=read_history(
+                self.backend, (config.lock_prefix,), digest=digest, within=EXPLAINED_HISTORY, limit=DEFAULT_HISTORY_READ
+            ),
         )
 
     def _read(self, prefix: str, digest: str) -> tuple[int, builtins.list[LockInfo]]:
@@ -351,6 +355,49 @@ class Locks:
         """The locks with the messages that wait in their lines, read in one round trip."""
         lines = self.backend.lines([lock.key for lock in locks]) if locks else {}
         return [dataclasses.replace(lock, waiting=lines[lock.key]) if lock.key in lines else lock for lock in locks]
+
+    def history(
+        self,
+        actor: str | Actor[Any, Any] | None = None,
+        *,
+        args: Iterable[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        digest: str | None = None,
+        since_ms: int | None = None,
+        within_ms: int | None = None,
+        limit: int = DEFAULT_HISTORY_READ,
+    ) -> tuple[ConflictInfo, ...]:
+        """The conflict trail: the messages that met a held lock or a failing lock store, and
+        what became of them, newest first, under every prefix covered. One round trip per prefix.
+
+        Entries reach the backend once per heartbeat interval, so the latest seconds may be missing.
+
+        Parameters:
+          actor(str|dramatiq.Actor): Only the messages of this actor.
+          args(Iterable): With ``kwargs``, only the messages of ``actor`` with these
+            arguments: their digest is computed as :meth:`explain` computes it (for an actor given
+            by name, as if it had no ``lock_args_method``, under each queue of its entries).
+          kwargs(dict): The keyword arguments that go with ``args``.
+          digest(str): Only the messages of this digest.
+          since_ms(int): Only the entries since this time, in ms of the backend's clock.
+          within_ms(int): Only the entries of the last ``within_ms`` milliseconds.
+          limit(int): The most entries returned.
+
+        Raises:
+          ValueError: If an option is not valid, or ``args`` come without an actor.
+          LockArgumentsError: If the lock arguments cannot be computed.
+        """
+        return history_of(
+            self.backend,
+            self.prefixes,
+            actor=actor,
+            args=args,
+            kwargs=kwargs,
+            digest=digest,
+            since=since_ms,
+            within=within_ms,
+            limit=limit,
+        )
 
     def workers(self) -> tuple[int, tuple[WorkerInfo, ...]]:
         """The worker processes in the heartbeat registry of each lock prefix covered.

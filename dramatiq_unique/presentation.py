@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable, Sequence
 
-from .held import HolderInfo, LockInfo
+from .held import ConflictInfo, HolderInfo, LockInfo
 
 
 def format_duration(ms: int) -> str:
@@ -131,3 +131,85 @@ def describe_holders(holders: Sequence[HolderInfo], now: int) -> str:
     if len(described) == 1:
         return described[0]
     return "messages " + ", ".join(d.removeprefix("message ") for d in described)
+
+
+# The conflict trail ---------------------------------------------------------------
+
+#: What became of the messages of an outcome, after "3 sends ..." (``were dropped``).
+_BECAME = {
+    "dropped": ("was dropped", "were dropped"),
+    "raised": ("raised", "raised"),
+    "rejected": ("was rejected", "were rejected"),
+    "rescheduled": ("was rescheduled", "were rescheduled"),
+    "replaced": ("was replaced by a newer message", "were replaced by newer messages"),
+    "waiting": ("waited in the line", "waited in the line"),
+    "displaced": ("was displaced from the line", "were displaced from the line"),
+    "healing": ("was refused while the lock store healed", "were refused while the lock store healed"),
+    "outage": ("met a failing lock store", "met a failing lock store"),
+}
+
+#: The widest line of the trail as the command prints it.
+TRAIL_WIDTH = 100
+
+
+def short_id(message_id: str) -> str:
+    """A message id as a table shows it: its first 8 characters."""
+    return message_id[:8]
+
+
+def holder_phrase(entry: ConflictInfo, *, full: bool = False) -> str:
+    """Who held the lock: ``held by message '0b5e3c1a-…' (running on worker 'vm:1:ab')``, or
+    short, without quotes: ``held by 0b5e3c1a (running on worker vm:1:ab)``."""
+    if not entry.holders:
+        return "no holder" if entry.outcome not in ("healing", "outage") else (entry.reason or "the store failed")
+    name = f"message {entry.holders[0]!r}" if full else short_id(entry.holders[0])
+    verb = "taken by" if entry.outcome in ("replaced", "displaced") else "held by"
+    state = entry.holder_state or ""
+    if entry.holder_worker:
+        worker = repr(entry.holder_worker) if full else entry.holder_worker
+        state = f"{state or 'running'} on worker {worker}"
+    others = f" and {count(len(entry.holders) - 1, 'other')}" if len(entry.holders) > 1 else ""
+    return f"{verb} {name}{others}" + (f" ({state})" if state else "")
+
+
+def where_phrase(entry: ConflictInfo) -> str:
+    """Where it met the lock, and by which strategy: ``at send (log)``, ``at start (reschedule)``."""
+    side = {"client": "at send", "server": "at start"}.get(entry.side or "", "")
+    strategy = f"({entry.strategy})" if entry.strategy else ""
+    return " ".join(part for part in (side, strategy) if part)
+
+
+def trail_lines(entries: Sequence[ConflictInfo], *, width: int = TRAIL_WIDTH) -> list[str]:
+    """The trail as the command prints it, two lines an entry, at most ``width`` wide:
+    when (UTC), outcome, where and the call; then the message and who held the lock, by the
+    first 8 characters of their ids."""
+    lines = []
+    for entry in entries:
+        when = format_time(entry.at).removesuffix(" UTC")
+        head = f"{when}  {entry.outcome} {where_phrase(entry)}".rstrip()
+        call = entry.call or f"{entry.actor}(…)"
+        room = width - len(head) - 2
+        if len(call) > room:
+            call = call[: max(room - 1, 0)] + "…"
+        lines.append(f"{head}  {call}")
+        detail = f"    message {short_id(entry.message_id)} {holder_phrase(entry)}"
+        lines.append(detail if len(detail) <= width else detail[: width - 1] + "…")
+    return lines
+
+
+def conflicts_summary(entries: Sequence[ConflictInfo], *, window: str = "in the last hour") -> list[str]:
+    """The last conflicts of one job, a sentence per outcome and side, the commonest first:
+    ``3 sends in the last hour were dropped: held by message '…' (running on worker '…').``"""
+    groups: dict[tuple[str, str], list[ConflictInfo]] = {}
+    for entry in entries:  # newest first: each group's first entry is its latest
+        groups.setdefault((entry.side or "", entry.outcome), []).append(entry)
+    lines = []
+    for (side, outcome), group in sorted(groups.items(), key=lambda item: -len(item[1])):
+        noun = {"client": "send", "server": "start"}.get(side, "message")
+        singular, plural = _BECAME.get(outcome, (f"ended {outcome!r}", f"ended {outcome!r}"))
+        latest = group[0]
+        lines.append(
+            f"{count(len(group), noun)} {window} {singular if len(group) == 1 else plural}: "
+            f"{holder_phrase(latest, full=True)}, the latest at {format_time(latest.at)}."
+        )
+    return lines

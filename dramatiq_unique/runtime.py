@@ -45,8 +45,10 @@ from .cut_off import CutOff
 from .errors import LockBackendError
 from .events import Events
 from .forks import reset_in_child
+from .history import KINDS as HISTORY_KINDS
+from .history import ConflictRecorder
 from .in_hand import InHand
-from .liveness import Liveness
+from .liveness import Liveness, worker_id
 from .native import (
     BackgroundThread,
     NativeEvent,
@@ -85,6 +87,8 @@ class Runtime:
       background_releases(bool): Whether a worker process gives up finished
         messages' enqueue locks from the release thread.
       activity(bool): Whether lock events are counted per minute in the backend.
+      history(tuple[int, int]): The conflict trail's most entries per lock prefix and its
+        retention in ms, written with the activity counts; ``None`` for no trail.
       periodic_tasks(Sequence[collections.abc.Callable]): Called by each round of a worker's
         periodic thread with the backend's time, after the heartbeat.
       healing(collections.abc.Callable): Called by the round that found that the lock store
@@ -106,6 +110,7 @@ class Runtime:
         events: Events,
         background_releases: bool,
         activity: bool,
+        history: tuple[int, int] | None = None,
         periodic_tasks: Sequence[Callable[[int], None]] = (),
         healing: Callable[[bool], bool] | None = None,
         hand_over_healing: Callable[[], None] | None = None,
@@ -149,11 +154,13 @@ class Runtime:
                 on_counts=self._counted,
                 on_close=self._activity_closed,
             )
-            if activity
+            if activity or history is not None
             else None
         )
-        if self.activity is not None:
+        if self.activity is not None and activity:
             events.add_counter(self.activity)
+        #: The conflict trail's recorder, ``None`` without one; it is written with the activity counts.
+        self.history = self._record_history(events, history) if history is not None else None
         self._tasks = tuple(periodic_tasks)
         self._heal = healing
         self._hand_over_healing = hand_over_healing
@@ -163,6 +170,23 @@ class Runtime:
             # The periodic thread is a daemon: without this, a process that sends and
             # exits would lose what it counted since its last flush.
             atexit.register(_close_activity, weakref.ref(self))
+
+    def _record_history(self, events: Events, history: tuple[int, int]) -> ConflictRecorder:
+        """The conflict trail's recorder, subscribed to the events it records and written with the counts."""
+        max_entries, retention = history
+        recorder = ConflictRecorder(
+            self.liveness.backend,
+            clock=self.liveness.backend_time,
+            worker=worker_id,
+            max_entries=max_entries,
+            retention=retention,
+            logger=self.logger,
+            on_entries=self._counted,
+        )
+        events.subscribe(HISTORY_KINDS, recorder)
+        assert self.activity is not None
+        self.activity.also.append(recorder)
+        return recorder
 
     def _init_state(self) -> None:
         #: Guards the state below; never held during a round trip or a join.
@@ -399,8 +423,8 @@ class Runtime:
         elif not self._join(periodic):
             activity.give_up(f"the lock backend did not answer within {self._stop_wait_ms()} ms")
             return
-        if activity.last_error is not None:
-            activity.give_up(f"the lock backend failed: {activity.last_error}")
+        if activity.failure is not None:
+            activity.give_up(f"the lock backend failed: {activity.failure}")
 
     def _last_flush(self) -> None:
         """The periodic thread of a process that only sends writes what is left as it ends,

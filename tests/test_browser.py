@@ -150,3 +150,37 @@ def test_filter_open_a_lock_unlock_it_and_see_it_gone(app, server, browser, scre
     browser.get(server + "/workers")
     assert browser.find_elements(By.CSS_SELECTOR, "table.workers tbody tr")
     shot("workers")
+
+
+def test_the_conflict_trail_of_an_actor_and_of_its_lock(app, server, browser, screenshots):  # noqa: F811
+    # Issue 34, the conflict trail: the send that met a full lock is on the actor's list and on
+    # its lock's page, read through Locks.history by the page's own process.
+    from selenium.webdriver.common.by import By
+
+    module, sent = app
+    dropped = module.build_report.send("2024-06-30")  # its lock_limit of 2 is full
+    module.unique.activity.flush()  # a worker's heartbeat thread does this once per interval
+
+    def trail() -> list[list[str]]:
+        return [
+            [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+            for row in browser.find_elements(By.CSS_SELECTOR, "table.conflicts tbody tr")
+        ]
+
+    browser.get(server + "/?actor=build_report")
+    assert browser.find_element(By.CSS_SELECTOR, "section.history h2").text == "Conflict trail of actor build_report"
+    (row,) = trail()
+    assert row[1:5] == ["dropped", "at send (log)", "build_report('2024-06-30')", dropped.message_id]
+    holders = {f"held by message '{sent[name].message_id}' and 1 other (queued)" for name in ("report_a", "report_b")}
+    assert row[5] in holders
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    metrics = {"width": 1400, "height": min(height, 2000), "deviceScaleFactor": 1, "mobile": False}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    assert browser.save_screenshot(str(screenshots / "web-history.png"))
+    browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+    # The holder links to the lock's page, which has the same trail.
+    browser.find_element(By.CSS_SELECTOR, "table.conflicts td a").click()
+    wait_for(lambda: browser.current_url.endswith("/locks/" + digest(sent["report_a"])))
+    assert browser.find_element(By.CSS_SELECTOR, "section.history h2").text == "Conflict trail of this lock"
+    assert [r[4] for r in trail()] == [dropped.message_id]

@@ -217,10 +217,12 @@ def test_explain_computes_the_digest_with_the_actors_lock_args_method(app, redis
         f"digest     {digest(sent['settle'])}",
     ]
     assert sent["settle"].message_id in lines[8]
-    assert lines[-1].startswith(
+    # Then the conflict trail's last hour of the job (tests/test_history.py).
+    assert lines[-2:] == ["", "The conflict trail has no message of this job in the last hour."]
+    assert lines[-3].startswith(
         f"A new send would be dropped as a duplicate of message {sent['settle'].message_id!r} (queued, taken "
     )
-    assert lines[-1].endswith("(strategy 'log').")
+    assert lines[-3].endswith("(strategy 'log').")
 
     explained = json.loads(
         ok(
@@ -241,10 +243,10 @@ def test_explain_computes_the_digest_with_the_actors_lock_args_method(app, redis
     assert explained["on_start"] is None
 
     free = ok(cli("--url", redis_url, "explain", "tests.cli_app:settle_payment", '["evt_456"]'))
-    assert free.splitlines()[-1] == "A new send would take the enqueue lock: it is free."
+    assert free.splitlines()[-3] == "A new send would take the enqueue lock: it is free."
     sync = ok(cli("--url", redis_url, "explain", "tests.cli_app:sync_account_balance", "[42]")).splitlines()
-    assert sync[-2] == "A new send would be enqueued: while_executing takes no lock at enqueue."
-    assert sync[-1].startswith("A message with these arguments, started now, would be rescheduled to try again in 5s")
+    assert sync[-4] == "A new send would be enqueued: while_executing takes no lock at enqueue."
+    assert sync[-3].startswith("A message with these arguments, started now, would be rescheduled to try again in 5s")
     assert ok(cli("--url", redis_url, "explain", "tests.cli_app:ping")).splitlines()[-1].startswith("No lock:")
 
 

@@ -258,7 +258,8 @@ def test_a_failing_subscriber_is_logged_once_per_failure_and_locking_goes_on(mak
 
 
 def test_without_subscribers_no_event_is_built(make_env, monkeypatch):
-    env = make_env(activity=False)
+    # The conflict trail subscribes to conflicts: off here.
+    env = make_env(activity=False, history=False)
     built: list[str] = []
     original = LockEvent.__init__
 

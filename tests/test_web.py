@@ -612,3 +612,43 @@ def test_the_page_of_a_redis_cluster_url_shows_the_locks_of_every_master(redis_c
     assert freed.status == 200 and "Freed 1 place(s) in 1 lock(s)" in freed.text
     assert enqueue_outcome(settle.send(3)).enqueued
     backend.client.close()
+
+
+def test_the_lock_page_and_the_actor_filter_show_the_conflict_trail(app):
+    # Issue 34, the conflict trail: why a job did not run, on the page of its lock (held or
+    # free) and on the list filtered by its actor.
+    env, actors, sent = app
+    dropped = actors["settle"].send("evt_1", {"amount": 5})
+    env.middleware.activity.flush()  # a worker's heartbeat thread does this once per interval
+    c = client(env)
+
+    def trail_rows(page):
+        return [row for row in page.rows if row[1:3] == ["dropped", "at send (log)"]]
+
+    lock_page = c.get(f"/locks/{digest(sent['settle'])}")
+    assert "Conflict trail of this lock" in lock_page.text
+    (row,) = trail_rows(lock_page)
+    assert row[3:6] == [
+        "settle('evt_1', {'amount': 5})",
+        dropped.message_id,
+        f"held by message '{sent['settle'].message_id}' (queued)",
+    ]
+    assert row[6] == env.middleware.liveness.worker_id
+
+    by_actor = c.get("/", actor="settle")
+    assert "Conflict trail of actor settle" in by_actor.text
+    assert [r[4] for r in trail_rows(by_actor)] == [dropped.message_id]
+    assert "Conflict trail" not in c.get("/").text and "Conflict trail" in c.get("/", actor="report").text
+    assert "No message met this lock's actor's locks" in c.get("/", actor="report").text
+
+    # Once the lock is free, its page still tells why the send was dropped.
+    Locks.from_middleware(env.middleware).unlock(digest(sent["settle"]))
+    free = c.get(f"/locks/{digest(sent['settle'])}")
+    assert free.status == 200 and "No lock of this digest is held now: it is free." in free.text
+    assert [r[4] for r in trail_rows(free)] == [dropped.message_id] and "unlock-lock" not in free.text
+    # The actor's list has no lock of it left; its trail links each entry to its lock's page.
+    listed = c.get("/", actor="settle")
+    assert [r[4] for r in trail_rows(listed)] == [dropped.message_id]
+    assert [link for link in listed.parsed.links if "/locks/locks/" in link] == [
+        f"{ROOT}/locks/{digest(sent['settle'])}"
+    ]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LockBackendError
-from ..keys import ENQUEUE, RUN, lock_kind
+from ..keys import ENQUEUE, RUN, digest_of, lock_kind
 from ..locks import LOCK_TYPES
 
 #: The one-letter codes of states and lock types in a compact holder.
@@ -327,6 +327,11 @@ SERVED_RETENTION = 3_600_000
 UNHEALED_REFUSAL = 30_000
 
 #: Answers of :meth:`~dramatiq_unique.LockBackend.claim`.
+#: Milliseconds by which an entry of the conflict trail may be older than the time it was added
+#: at, as a reader of the entries since a time looks for them: a process's estimate of the
+#: backend's clock may be that far off.
+HISTORY_MARGIN = 60_000
+
 HELD = "held"
 LAPSED = "lapsed"
 SUPERSEDED = "superseded"
@@ -780,6 +785,14 @@ class LockBackend(abc.ABC):
           not lapsed.
         """
 
+    def read_many(self, keys: Sequence[str]) -> list[LockRecord]:
+        """The places of the locks at ``keys``, of any digests, as :meth:`read` reads them, in as
+        few round trips as the store allows: by default one :meth:`read` per digest."""
+        by_digest: dict[str | None, list[str]] = {}
+        for key in keys:
+            by_digest.setdefault(digest_of(key), []).append(key)
+        return [record for group in by_digest.values() for record in self.read(group)[1]]
+
     @abc.abstractmethod
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
         """Give up, in one atomic step, the place of each owner in ``records``
@@ -823,3 +836,46 @@ class LockBackend(abc.ABC):
     def read_counts(self, keys: Sequence[str]) -> list[dict[str, int]]:
         """The counters kept at each of ``keys`` (field -> count; empty for a
         key that does not exist), in one round trip. The keys share one hash tag."""
+
+    # The conflict trail ------------------------------------------------------
+
+    @abc.abstractmethod
+    def add_history(self, key: str, entries: Sequence[Mapping[str, str]], *, max_entries: int, retention: int) -> None:
+        """Add ``entries`` to the conflict trail at ``key``, in one round trip, in order, and
+        bound it: the oldest entries beyond ``max_entries`` go, and so do those added more than
+        ``retention`` ms ago; the whole trail goes when nothing was added for ``retention`` ms.
+
+        An entry is a flat map of text fields; :meth:`read_history` filters on three of them:
+        ``"at"`` (when it happened, ms of the backend's clock), ``"actor"`` and ``"digest"``.
+
+        Parameters:
+          key(str): The trail of one lock prefix (``keys.history_key``).
+          entries(Sequence[Mapping]): The entries, oldest first.
+          max_entries(int): The most entries the trail keeps.
+          retention(int): Milliseconds an entry is kept.
+        """
+
+    @abc.abstractmethod
+    def read_history(
+        self,
+        key: str,
+        *,
+        since: int | None = None,
+        actor: str | None = None,
+        digest: str | None = None,
+        within: int | None = None,
+        limit: int,
+    ) -> tuple[int, list[tuple[str, dict[str, str]]]]:
+        """The entries of the conflict trail at ``key``, newest added first, in one round trip.
+
+        Parameters:
+          since(int): Only the entries whose ``"at"`` is at least this, in ms of the backend's clock.
+          within(int): Only the entries of the last ``within`` ms of the backend's clock.
+          actor(str): Only the entries of this ``"actor"``.
+          digest(str): Only the entries of this ``"digest"``.
+          limit(int): The most entries returned.
+
+        Returns:
+          tuple: Now, in ms of the backend's clock, and the entries: each its id in the trail
+          and its fields as added.
+        """

@@ -34,6 +34,7 @@ from ..keys import (
 from ..version import RECORD_FORMAT, __version__
 from .base import (
     HELD,
+    HISTORY_MARGIN,
     LAPSED,
     LINE_RETENTION,
     SERVED_RETENTION,
@@ -737,6 +738,12 @@ class RedisBackend(LockBackend):
         ]
         return int(reply[0]), records
 
+    def read_many(self, keys: Sequence[str]) -> list[LockRecord]:
+        if _is_cluster(self.client):
+            return super().read_many(keys)  # one call per digest: its hash slot
+        # One Redis: the read script takes the locks of every digest at once.
+        return self.read(keys)[1] if keys else []
+
     def release_records(self, key: str, records: Mapping[str, str]) -> list[str]:
         args = [self._no_broker(), *(value for owner, record in records.items() for value in (owner, record))]
         released, handed, dropped, *waiting = self._call("release_records", self._lock_keys(key), args)
@@ -766,6 +773,42 @@ class RedisBackend(LockBackend):
                 args += (field, count)
         # Activity counters need no replica: a failover may lose a few seconds of counts, no lock.
         self._call("add_counts", list(counts), args, writes=False)
+
+    def add_history(self, key: str, entries: Sequence[Mapping[str, str]], *, max_entries: int, retention: int) -> None:
+        args: list[Any] = [max_entries, retention]
+        for entry in entries:
+            args.append(len(entry))
+            for field, value in entry.items():
+                args += (field, value)
+        # The trail needs no replica: a failover may lose its last entries, no lock.
+        self._call("add_history", [key], args, writes=False)
+
+    def read_history(
+        self,
+        key: str,
+        *,
+        since: int | None = None,
+        actor: str | None = None,
+        digest: str | None = None,
+        within: int | None = None,
+        limit: int,
+    ) -> tuple[int, list[tuple[str, dict[str, str]]]]:
+        args = [
+            "" if since is None else since,
+            actor or "",
+            digest or "",
+            limit,
+            HISTORY_MARGIN,
+            "" if within is None else within,
+        ]
+        now, *reply = self._call("read_history", [key], args, writes=False)
+        entries = []
+        for i in range(0, len(reply), 2):
+            fields = reply[i + 1]
+            entries.append(
+                (_text(reply[i]), {_text(fields[f]): _read_text(fields[f + 1]) for f in range(0, len(fields), 2)})
+            )
+        return int(now), entries
 
     def read_counts(self, keys: Sequence[str]) -> list[dict[str, int]]:
         try:

@@ -13,6 +13,7 @@ from ..errors import LineNeedsBroker, LockBackendError, LockStoreHealing
 from ..keys import debounce_key, digest_keys_start, epoch_key, line_key, lock_kind, prefix_of, served_key, waiters_key
 from .base import (
     HELD,
+    HISTORY_MARGIN,
     LAPSED,
     LINE_RETENTION,
     SERVED_RETENTION,
@@ -80,6 +81,8 @@ class StubBackend(LockBackend):
         self._values: dict[str, tuple[str, int]] = {}
         #: Counters: key -> (field -> count, expires_at).
         self._counts: dict[str, tuple[dict[str, int], int]] = {}
+        #: Conflict trails: key -> (entries as (ms, seq, fields), oldest first; expires_at; last id).
+        self._history: dict[str, tuple[list[tuple[int, int, dict[str, str]]], int, tuple[int, int]]] = {}
         #: The last token of each lock, kept after its last holder: tokens increase
         #: whatever this process's clock does.
         self._fences: dict[str, int] = {}
@@ -454,6 +457,47 @@ class StubBackend(LockBackend):
                 answers.append(dict(kept) if expires_at > now else {})
             return answers
 
+    def add_history(self, key: str, entries: Sequence[Mapping[str, str]], *, max_entries: int, retention: int) -> None:
+        with self._mutex:
+            now = _now()
+            kept, expires_at, last = self._history.get(key, ([], 0, (0, 0)))
+            if expires_at <= now:
+                kept = []
+            for fields in entries:
+                # As a stream's ids: the time it was added, made greater than the last one.
+                last = (now, 0) if now > last[0] else (last[0], last[1] + 1)
+                kept.append((*last, dict(fields)))
+                del kept[: max(0, len(kept) - max_entries)]
+            kept = [entry for entry in kept if entry[0] >= now - retention]
+            self._history[key] = (kept, now + retention, last)
+
+    def read_history(
+        self,
+        key: str,
+        *,
+        since: int | None = None,
+        actor: str | None = None,
+        digest: str | None = None,
+        within: int | None = None,
+        limit: int,
+    ) -> tuple[int, list[tuple[str, dict[str, str]]]]:
+        with self._mutex:
+            now = _now()
+            if within is not None and (since is None or now - within > since):
+                since = now - within
+            kept, expires_at, _ = self._history.get(key, ([], 0, (0, 0)))
+            found: list[tuple[str, dict[str, str]]] = []
+            for ms, seq, fields in reversed(kept if expires_at > now else []):
+                if len(found) >= limit or (since is not None and ms < since - HISTORY_MARGIN):
+                    break
+                if (
+                    (actor is None or fields.get("actor") == actor)
+                    and (digest is None or fields.get("digest") == digest)
+                    and (since is None or _integer(fields.get("at")) >= since)
+                ):
+                    found.append((f"{ms}-{seq}", dict(fields)))
+            return now, found
+
     def epochs(self, prefix: str) -> dict[str, str]:
         key = epoch_key(prefix)
         with self._mutex:
@@ -484,6 +528,7 @@ class StubBackend(LockBackend):
             self._values.clear()
             self._fences.clear()
             self._counts.clear()
+            self._history.clear()
             self._lines.clear()
             self._waiters.clear()
             self._served.clear()
@@ -689,6 +734,14 @@ class StubBackend(LockBackend):
         lock = self._locks.get(key) or _Lock()
         lock.places = {o: p for o, p in lock.places.items() if p.expires_at is None or p.expires_at > now}
         return lock
+
+
+def _integer(text: str | None) -> int:
+    """A field read as Lua's tonumber reads it, 0 when it is none."""
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
 
 
 def _now() -> int:

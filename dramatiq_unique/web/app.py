@@ -21,13 +21,14 @@ import dramatiq
 
 from ..activity import read_activity
 from ..backends import LockBackend
+from ..digest import DIGEST_LENGTH
 from ..errors import LineNeedsBroker, LockBackendError, UniqueError
 from ..events import EVENT_KINDS
 from ..held import STATES
 from ..links import EXTRAS
 from ..operations import Locks, unique_jobs_of
 from ..options import DEFAULT_LOCK_PREFIX
-from ..presentation import age, format_duration, format_time, ttl
+from ..presentation import age, format_duration, format_time, holder_phrase, ttl, where_phrase
 from .security import SECURITY_HEADERS, Csrf, mount_path
 
 try:
@@ -48,6 +49,8 @@ Authorize = Callable[["WSGIEnvironment"], bool]
 
 #: How many locks a page of the list shows.
 PAGE_SIZE = 50
+#: The most entries of the conflict trail a page shows.
+TRAIL_ROWS = 20
 #: About how many keys one scan step of a page reads, and at most how many steps a page takes.
 SCAN_BATCH = 100
 MAX_STEPS = 5
@@ -231,6 +234,7 @@ class LocksWebApp:
             )
         except ValueError as e:
             raise HTTPError(400, str(e)) from None
+        conflicts = self.locks.history(actor, limit=TRAIL_ROWS) if actor is not None else ()
         report = read_activity(self.locks.backend, prefix=self.locks.prefixes[0], minutes=60)
         totals = report.totals()
         kinds = [kind for kind in EVENT_KINDS if any(kind in counts for counts in totals.values())]
@@ -247,6 +251,9 @@ class LocksWebApp:
             activity=sorted(totals.items()),
             activity_kinds=kinds,
             unreadable=dict(self.locks.unreadable),
+            conflicts=conflicts,
+            trail_of=f"of actor {actor}",
+            trail_digest=None,
         )
 
     def lock_page(self, request: Request, digest: str) -> Response:
@@ -255,7 +262,9 @@ class LocksWebApp:
         except ValueError as e:
             raise HTTPError(404, str(e)) from None
         unreadable = dict(self.locks.unreadable)
-        if not found and not unreadable:
+        # A free lock still has the page of its conflict trail: why its job did not run.
+        conflicts = self.locks.history(digest=digest, limit=TRAIL_ROWS) if len(digest) == DIGEST_LENGTH else ()
+        if not found and not unreadable and not conflicts:
             raise HTTPError(404, f"No lock of digest {digest!r} is held: it is free.")
         explanations = []
         if self.middleware is not None:
@@ -272,6 +281,9 @@ class LocksWebApp:
             explanations=explanations,
             explained=self.middleware is not None,
             unreadable=unreadable,
+            conflicts=conflicts,
+            trail_of="of this lock",
+            trail_digest=digest,
         )
 
     def workers_page(self, request: Request) -> Response:
@@ -353,6 +365,8 @@ class LocksWebApp:
             age=age,
             ttl_left=functools.partial(ttl, never="never lapses"),
             when=format_time,
+            trail_where=where_phrase,
+            trail_holder=functools.partial(holder_phrase, full=True),
             status=status,
             **context,
         )
