@@ -301,7 +301,9 @@ def test_the_locks_page_mounts_in_the_django_project_from_its_broker(copy_shop, 
         start_new_session=True,
     )
     try:
-        port = int(server.stdout.readline())
+        line = server.stdout.readline()
+        assert line.strip(), server.stderr.read()
+        port = int(line)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ops/locks/") as answer:
             page = answer.read().decode()
         # The lock of order 42, a link to it under the mount path, and what a new send would meet.
