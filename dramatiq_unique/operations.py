@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Explanation", "HolderInfo", "LockInfo", "Locks", "WorkerInfo"]
 
+#: The shortest digest prefix :meth:`Locks.resolve` takes, as ``git`` takes at least 4
+#: characters of a commit id.
+MIN_DIGEST_PREFIX = 4
+
 
 class Locks:
     """The locks held in a backend: list them, look one up, explain why a
@@ -201,9 +205,14 @@ class Locks:
         prefix; a step is only read when the one before has been taken."""
         position: _Position | None = start
         while position is not None:
-            next_cursor, records = self.backend.scan(self.prefixes[position.index], position.cursor, self.batch)
+            prefix = self.prefixes[position.index]
             if digest_prefix:
-                records = [r for r in records if (digest_of(r.key) or "").startswith(digest_prefix)]
+                # The backend filters where the keys are: a lock of another digest is not read.
+                next_cursor, records = self.backend.scan(
+                    prefix, position.cursor, self.batch, digest_start=digest_prefix
+                )
+            else:
+                next_cursor, records = self.backend.scan(prefix, position.cursor, self.batch)
             now = self.backend.time() if records else 0
             if next_cursor != "0":
                 following: _Position | None = _Position(position.index, next_cursor)
@@ -241,6 +250,38 @@ class Locks:
         _check_digest(digest)
         self.unreadable = {}
         return tuple(lock for prefix in self.prefixes for lock in self._read(prefix, digest)[1])
+
+    def resolve(self, digest_prefix: str) -> tuple[str, ...]:
+        """The digests of the held locks that start with ``digest_prefix``, as ``git`` takes a
+        unique prefix of a commit id: one digest when the prefix is unique.
+
+        The backend is scanned for the keys of those digests only (``SCAN MATCH`` on Redis, on
+        every master of a Redis Cluster), under every prefix covered, a bounded step at a time.
+        A lock holding only places this version cannot read counts too: :meth:`get` leaves its
+        places out, and :attr:`unreadable` says why.
+
+        Parameters:
+          digest_prefix(str): The first characters of a digest, at least 4; a whole digest
+            is its own prefix.
+
+        Returns:
+          tuple[str]: The matching digests, sorted; empty when none is held.
+
+        Raises:
+          ValueError: If ``digest_prefix`` is shorter than 4 characters or holds a
+            character no digest has in a key (``{``, ``}``, ``:``).
+        """
+        _check_digest(digest_prefix)
+        if len(digest_prefix) < MIN_DIGEST_PREFIX:
+            raise ValueError(
+                f"{digest_prefix!r} is too short a digest prefix: give at least {MIN_DIGEST_PREFIX} characters "
+                f"of the digest (a digest has {DIGEST_LENGTH})."
+            )
+        self.unreadable = {}
+        steps = self._scan(_Position(0, "0"), digest_prefix=digest_prefix)
+        found = {lock.digest for step in steps for lock in step.locks}
+        found.update(digest for digest in map(digest_of, self.unreadable) if digest is not None)
+        return tuple(sorted(found))
 
     def explain(self, actor: Actor[Any, Any], *args: Any, **kwargs: Any) -> Explanation:
         """Compute the digest of ``actor`` with these arguments as the
