@@ -385,7 +385,7 @@ class Locks:
             self.unreadable.setdefault(record.key, {})[record.owner] = record.unreadable
             if (record.key, record.owner) not in self._logged:
                 self._logged.add((record.key, record.owner))
-                self.logger.warning("A place in lock %r is left out: %s.", record.key, record.unreadable)
+                self.logger.warning("A record in lock %r is left out: %s.", record.key, record.unreadable)
         return readable
 
     def _with_lines(self, locks: builtins.list[LockInfo]) -> builtins.list[LockInfo]:
@@ -453,7 +453,7 @@ class Locks:
             if holders:
                 freed.append(dataclasses.replace(lock, holders=holders))
                 self.logger.info(
-                    "The %s lock %r of actor %r was unlocked by hand: it freed the place of message %s.",
+                    "The %s lock %r of actor %r was unlocked by hand, for message %s.",
                     lock.kind,
                     lock.digest,
                     lock.actor,
@@ -570,18 +570,18 @@ def _locks_of(records: Iterable[LockRecord], now: int) -> list[LockInfo]:
 def _unreadable_fails(step: str, key: str, places: dict[str, str]) -> str:
     return (
         f"A new {step} would fail with LockBackendError: in lock {key!r}, {next(iter(places.values()))}, and no "
-        "place is taken beside what cannot be read. Remove it (see Errors in the docs)."
+        "slot is taken beside what cannot be read. Remove it (see Errors in the docs)."
     )
 
 
 def _free_place(kind: str, lock: LockInfo | None, limit: int, subject: str) -> str | None:
-    """What ``subject`` meets when the lock has a free place, ``None`` when it is full."""
+    """What ``subject`` meets when the lock has a free slot, ``None`` when it is full."""
     taken = len(lock.holders) if lock is not None else 0
     if taken >= limit:
         return None
     if taken == 0:
         return f"{subject} would take the {kind} lock: it is free."
-    return f"{subject} would take a free place in the {kind} lock ({taken} of {limit} taken)."
+    return f"{subject} would take a free slot of the {kind} lock ({taken} of {limit} taken)."
 
 
 def _outcome(config: LockConfig, side: str) -> str:
@@ -625,5 +625,6 @@ def _on_start(config: LockConfig, lock: LockInfo | None, now: int) -> str:
 
 
 def _line(lock: LockInfo) -> str:
-    """``; 3 messages wait in its line`` for a lock with a line, else nothing."""
-    return f"; {count(len(lock.waiting), 'message')} wait in its line" if lock.waiting else ""
+    """``; 3 messages wait in its line`` (``1 message waits``) for a lock with a line, else nothing."""
+    verb = "waits" if len(lock.waiting) == 1 else "wait"
+    return f"; {count(len(lock.waiting), 'message')} {verb} in its line" if lock.waiting else ""

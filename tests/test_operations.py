@@ -127,9 +127,9 @@ def test_explain_says_what_a_new_send_would_meet(app):
     assert explained.digest == digest_of(sent["settle"])
     assert explained.lock_args == ["evt_1"]
     assert explained.on_send.startswith(
-        f"A new send would be dropped as a duplicate of message {sent['settle'].message_id!r} (queued, taken "
+        f"A new send would be dropped as a duplicate of message {sent['settle'].message_id!r} (queued, held for "
     )
-    assert explained.on_send.endswith("never lapses) (strategy 'log').")
+    assert explained.on_send.endswith("never expires) (strategy 'log').")
     assert explained.on_start is None
     # What it said is what a send does.
     again = actors["settle"].send("evt_1", {"amount": 999})
@@ -155,7 +155,7 @@ def test_explain_says_what_a_new_send_would_meet(app):
     actors["report"].send("2024-01-02")
     assert (
         locks.explain(actors["report"], "2024-01-02").on_send
-        == "A new send would take a free place in the enqueue lock (1 of 2 taken)."
+        == "A new send would take a free slot of the enqueue lock (1 of 2 taken)."
     )
 
     assert locks.explain(actors["invoice"], 7).prefix == "billing"

@@ -23,7 +23,7 @@ from ..events import EVENT_KINDS
 from ..held import STATES
 from ..operations import Locks
 from ..options import DEFAULT_LOCK_PREFIX
-from ..presentation import age, format_duration, format_time, ttl
+from ..presentation import age, expires, format_duration, format_time, lease
 from .security import SECURITY_HEADERS, Csrf, mount_path
 
 try:
@@ -349,7 +349,8 @@ class LocksWebApp:
             csrf_token=token,
             prefixes=self.locks.prefixes,
             age=age,
-            ttl_left=functools.partial(ttl, never="never lapses"),
+            lease_left=functools.partial(lease, none="–"),
+            expires_in=functools.partial(expires, never="never", none="–"),
             when=format_time,
             status=status,
             **context,
