@@ -30,7 +30,7 @@ from .backends import LockBackend, RedisBackend
 from .default_backend import URL_VARIABLE
 from .digest import DIGEST_LENGTH
 from .errors import InvalidBackendOptions, LineNeedsBroker, LockArgumentsError, LockBackendError
-from .held import LockInfo
+from .held import RUNNING, HolderInfo, LockInfo
 from .keys import digest_of
 from .middleware import UniqueJobs
 from .operations import Locks, unique_jobs_of
@@ -437,7 +437,8 @@ def declare_unlock(subparsers: Subparsers) -> None:
         help="unlock the holders of a digest, or of an actor",
         description="Unlock the holders of a digest's locks, or of an actor's. A holder is unlocked only if it is "
         "still as it was read (it did not renew its lease, re-enter or leave meanwhile). Its message is neither "
-        "stopped nor removed from its queue, and a duplicate of it can be sent, and run, meanwhile.",
+        "stopped nor removed from its queue, and a duplicate of it can be sent, and run, meanwhile. The command "
+        "asks first when it would unlock every holder of an actor (--all), or a holder that is running.",
     )
     parser.add_argument("digest", nargs="?", type=_digest_argument, metavar="DIGEST", help=DIGEST_HELP)
     parser.add_argument(
@@ -445,7 +446,13 @@ def declare_unlock(subparsers: Subparsers) -> None:
     )
     parser.add_argument("--actor", help="with --all: unlock every holder that is a message of this actor")
     parser.add_argument("--all", action="store_true", help="with --actor: unlock every lock of the actor")
-    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    parser.add_argument(
+        "--yes",
+        "--force",
+        action="store_true",
+        help="do not ask before unlocking every holder of an actor (--all) or a running holder, whose message "
+        "goes on running while a duplicate can start",
+    )
     parser.add_argument("--dry-run", action="store_true", help="only list what would be unlocked")
     _add_wide(parser)
     parser.set_defaults(run=run_unlock, parser=parser)
@@ -472,9 +479,12 @@ def run_unlock(context: Context, args: argparse.Namespace) -> int:
         for line in lock_table(found, indent="  ", width=context.width):
             context.print(line)
         return RET_OK
-    if not by_digest and not args.yes:
-        question = (
-            f"Unlock {holders(found)} {what}? Their messages are not stopped, and duplicates of them can be sent then."
+    running = [h for lock in found for h in lock.holders if h.state == RUNNING]
+    if not args.yes and (not by_digest or running):
+        question = f"Unlock {holders(found)} {what}? " + (
+            _running_note(running)
+            if by_digest
+            else "Their messages are not stopped, and duplicates of them can be sent then."
         )
         if not context.confirm(question):
             context.print("Nothing was unlocked.")
@@ -492,6 +502,20 @@ def run_unlock(context: Context, args: argparse.Namespace) -> int:
         )
         return RET_CHANGED
     return RET_OK
+
+
+def _running_note(running: Sequence[HolderInfo]) -> str:
+    """What unlocking running holders does to them: ``Message '…' is running on worker '…': ...``."""
+    described = [f"{h.message_id!r}" + (f" on worker {h.worker_id!r}" if h.worker_id else "") for h in running]
+    if len(running) == 1:
+        return (
+            f"Message {described[0]} is running: it is not stopped, and a duplicate of it can be sent and start "
+            "beside it."
+        )
+    return (
+        f"Messages {', '.join(described)} are running: they are not stopped, and duplicates of them can be sent "
+        "and start beside them."
+    )
 
 
 def declare_reap(subparsers: Subparsers) -> None:

@@ -750,6 +750,43 @@ def test_show_and_unlock_take_a_unique_digest_prefix(app, redis_client, redis_ur
     )
 
 
+def test_unlock_of_a_running_holder_asks_first(app, redis_url):
+    # Issue 34, point 6: it freed a running holder without a question, and another copy could run.
+    module, sent = app
+    (sync,) = json.loads(ok(cli("--url", redis_url, "list", "--state", "running", "--json")))
+    (holder,) = sync["holders"]
+    asked = cli("--url", redis_url, "unlock", sync["digest"], stdin="n\n")
+    assert asked.returncode == RET_ABORTED and asked.stdout == "Nothing was unlocked.\n"
+    assert asked.stderr == (
+        f"Unlock 1 holder in 1 lock of digest {sync['digest']!r}? Message {holder['message_id']!r} on worker "
+        f"{holder['worker_id']!r} is running: it is not stopped, and a duplicate of it can be sent and start "
+        "beside it. [y/N] \n"
+    )
+    assert cli("--url", redis_url, "unlock", sync["digest"]).returncode == RET_ABORTED  # no answer
+    closed = subprocess.run(
+        f"exec {sys.executable} -m dramatiq_unique --url {redis_url} unlock {sync['digest']} <&-",
+        shell=True,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in URL_VARIABLES},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert closed.returncode == RET_ABORTED and closed.stdout == "Nothing was unlocked.\n"
+    assert json.loads(ok(cli("--url", redis_url, "show", sync["digest"], "--json")))[0]["holders"] == [holder]
+    # A queued holder is unlocked without a question, as before.
+    ok(cli("--url", redis_url, "unlock", digest(sent["settle"]), stdin=""))
+    # --force (or --yes) skips the question.
+    forced = cli("--url", redis_url, "unlock", sync["digest"], "--force")
+    assert forced.returncode == RET_OK and forced.stderr == ""
+    assert forced.stdout.startswith(f"Unlocked 1 holder in 1 lock of digest {sync['digest']!r}:")
+    help_text = " ".join(ok(cli("unlock", "--help")).split())
+    assert (
+        "--yes, --force do not ask before unlocking every holder of an actor (--all) or a running holder, whose "
+        "message goes on running while a duplicate can start" in help_text
+    )
+
+
 def test_list_and_explain_name_the_server_and_prefixes_they_read_first(app, redis_client, redis_url):
     # Issue 34, point 10: pointed at the wrong Redis, they answered "free" with confidence.
     module, sent = app
