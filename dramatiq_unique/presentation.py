@@ -121,9 +121,8 @@ def cut(text: str, width: int) -> str:
 
 
 def short_worker(worker_id: str) -> str:
-    """A worker id without its random part: ``host:pid``."""
-    host, _, rest = worker_id.rpartition(":")
-    return host or rest
+    """A worker id (``host:pid:random``) without its random part: ``host:pid``."""
+    return worker_id.rpartition(":")[0] if worker_id.count(":") >= 2 else worker_id
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,9 @@ def fit_table(
     def total() -> int:
         return len(indent) + sum(wide(cells, h) for h, cells in columns.items()) + 2 * (len(columns) - 1)
 
-    for budget in ((width - CALL_ROOM - 2) if last is not None else width, width):
+    # The other columns leave the last one CALL_ROOM, or less when its values are shorter.
+    room_wanted = min(CALL_ROOM, wide(last, rest)) if last is not None and rest is not None else 0
+    for budget in ((width - room_wanted - 2) if last is not None else width, width):
         for step in steps:
             if total() <= budget:
                 break

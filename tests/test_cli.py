@@ -701,7 +701,10 @@ def test_call_column_takes_the_width_left_and_is_cut_to_it():
     assert row[header.index("CALL") :].startswith("reindex('acme', 0, 1, 2, 3")
     assert lock_table([lock], width=None)[1].endswith(call)  # --wide
     short = replace(holder, call="reindex('acme', 200)")
-    assert lock_table([replace(lock, holders=(short,))], width=100)[1].endswith("reindex('acme', 200)")
+    header, row = lock_table([replace(lock, holders=(short,))], width=100)
+    assert row.endswith("reindex('acme', 200)") and len(row) <= 100
+    # A short call leaves the other columns more room than a long one does.
+    assert "WORKER" in header and "WORKER" not in lock_table([lock], width=100)[0]
     # No room for a call worth reading: the other columns keep theirs.
     assert "CALL" not in lock_table([lock], width=70)[0]
 
