@@ -31,20 +31,21 @@ from .backends import LockBackend, RedisBackend
 from .default_backend import URL_VARIABLE
 from .digest import DIGEST_LENGTH
 from .errors import InvalidBackendOptions, LineNeedsBroker, LockArgumentsError, LockBackendError
-from .held import ConflictInfo, LockInfo
+from .held import RUNNING, ConflictInfo, HolderInfo, LockInfo
 from .keys import digest_of
 from .links import EXTRAS
 from .middleware import UniqueJobs
 from .operations import Locks, unique_jobs_of
 from .options import DEFAULT_LOCK_PREFIX, prefix_problem
 from .presentation import (
+    DEFAULT_WIDTH,
     TRAIL_WIDTH,
     conflicts_summary,
     count,
     describe_lock,
     format_duration,
+    holders,
     lock_table,
-    places,
     prefixes_phrase,
     table,
     trail_lines,
@@ -58,10 +59,10 @@ RET_USAGE = 2  # Invalid command line (argparse's own code), or invalid argument
 RET_IMPORT = 3  # The module does not import, or holds no such actor, broker or UniqueJobs.
 RET_CONNECT = 4  # The lock backend cannot be reached, or failed.
 RET_URL = 5  # No Redis URL, or one that cannot be used.
-RET_NOT_FOUND = 6  # No lock of that digest, or no place of that message, is held.
+RET_NOT_FOUND = 6  # No lock of that digest (or digest prefix) is held, or that message holds none of them.
 RET_ABORTED = 7  # The confirmation was not given.
-RET_CHANGED = 8  # Some places changed after they were read and were left held.
-RET_LINE = 9  # Messages wait in a lock's line: only the command with --app frees a place there.
+RET_CHANGED = 8  # Some holders changed after they were read and were left held.
+RET_LINE = 9  # Messages wait in a lock's line: only the command with --app unlocks a holder there.
 
 #: The environment variables the Redis URL of the locks is read from, in this order.
 URL_VARIABLES = (URL_VARIABLE, "REDIS_URL")
@@ -82,8 +83,9 @@ examples:
   # Why would settle_payment("evt_123", {"amount": 100}) not run?
   $ dramatiq-unique explain myapp.tasks:settle_payment '["evt_123", {"amount": 100}]'
 
-  # One lock, then free it; free every lock of one actor.
-  $ dramatiq-unique show A3QW7mGGvwLB5oZHvzHpkA
+  # One lock (by its digest, or the first characters of it), then unlock it;
+  # unlock every lock of one actor.
+  $ dramatiq-unique show A3QW7mGG
   $ dramatiq-unique unlock A3QW7mGGvwLB5oZHvzHpkA
   $ dramatiq-unique unlock --actor settle_payment --all --dry-run
 
@@ -97,9 +99,11 @@ examples:
   $ dramatiq-unique --app myapp.tasks web
 
 exit codes:
-  0 done, 2 invalid command line or actor arguments, 3 module import failed,
-  4 lock backend unreachable, 5 no or bad Redis URL, 6 no such lock or holder,
-  7 not confirmed, 8 some places changed after they were read and were left held
+  0 done, 2 invalid command line, actor arguments or digest prefix (too short,
+  or ambiguous), 3 module import failed, 4 lock backend unreachable, 5 no or bad
+  Redis URL, 6 no such lock or holder, 7 not confirmed, 8 some holders changed
+  after they were read and were left held, 9 messages wait in the lock's line
+  and the command has no --app to enqueue the one it hands the lock
 """
 
 
@@ -174,6 +178,23 @@ class Context:
             return Locks.from_middleware(self.app.unique, backend=self.backend, batch=batch)
         return Locks(self.backend, lock_prefix=DEFAULT_LOCK_PREFIX, batch=batch)
 
+    @property
+    def width(self) -> int | None:
+        """The width tables fit: the terminal's when the output is one, else $COLUMNS, else
+        100 (as ``ls`` does); ``None`` with ``--wide``: every column and value whole."""
+        if getattr(self.args, "wide", False):
+            return None
+        return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+
+    @functools.cached_property
+    def server(self) -> str:
+        """Where the locks are read, for a person: never a password."""
+        return server_of(self.backend)
+
+    def where(self) -> str:
+        """``Redis host:6379/1 under prefix 'dramatiq-unique'``: what the command reads."""
+        return f"{self.server} under {prefixes_phrase(self.prefixes)}"
+
     def print(self, text: str = "") -> None:
         print(text, file=self.out)
 
@@ -207,6 +228,25 @@ def connect(url: str) -> RedisBackend:
         return RedisBackend.from_url(url, socket_connect_timeout=5, socket_timeout=10)
     except InvalidBackendOptions as e:
         raise CommandError(str(e), RET_URL) from None
+
+
+def server_of(backend: LockBackend) -> str:
+    """The server of ``backend``, as a person names it: ``Redis localhost:6379/1``, ``Redis
+    Cluster of 3 masters (localhost:7000, ...)``; host, port and database, never a user or password."""
+    client = getattr(backend, "client", None)
+    if not isinstance(backend, RedisBackend) or client is None:
+        return type(backend).__name__
+    if hasattr(client, "get_primaries"):
+        nodes = sorted(node.name for node in client.get_primaries())
+        return f"Redis Cluster of {count(len(nodes), 'master')} ({', '.join(nodes)})"
+    pool = client.connection_pool
+    kwargs = getattr(pool, "connection_kwargs", {})
+    database = kwargs.get("db", 0)
+    if hasattr(pool, "service_name"):
+        return f"Redis Sentinel service {pool.service_name!r}, database {database}"
+    if "path" in kwargs:
+        return f"Redis unix:{kwargs['path']}, database {database}"
+    return f"Redis {kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{database}"
 
 
 def import_object(value: str) -> tuple[ModuleType, Any]:
@@ -291,7 +331,17 @@ def declare_list(subparsers: Subparsers) -> None:
     parser.add_argument("--state", choices=("queued", "running"), help="only the holders in this state")
     parser.add_argument("--limit", type=_positive, metavar="N", help="at most N locks")
     parser.add_argument("--json", action="store_true", help="print one JSON array")
+    _add_wide(parser)
     parser.set_defaults(run=run_list)
+
+
+def _add_wide(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="print every column and value whole (digests, message ids, lock types, worker ids, calls) instead "
+        "of fitting the terminal's width (else $COLUMNS, else 100)",
+    )
 
 
 def run_list(context: Context, args: argparse.Namespace) -> int:
@@ -300,32 +350,42 @@ def run_list(context: Context, args: argparse.Namespace) -> int:
         context.print_json([lock.as_dict() for lock in locks])
         return RET_OK
     if not locks:
-        context.print(f"No locks are held under {prefixes_phrase(context.prefixes)}" + _filters(args) + ".")
+        context.print(f"No locks are held on {context.where()}" + _filters(args) + ".")
         return RET_OK
-    for line in lock_table(locks):
+    context.print(f"Locks on {context.where()}:")
+    for line in lock_table(locks, width=context.width):
         context.print(line)
     context.print()
-    context.print(f"{places(locks)} under {prefixes_phrase(context.prefixes)}" + _filters(args) + ".")
+    context.print(holders(locks) + _filters(args) + ".")
     return RET_OK
 
 
 def declare_show(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser("show", help="show the enqueue and run locks of one digest")
-    parser.add_argument("digest", type=_digest_argument, metavar="DIGEST", help="the digest (or the key of a lock)")
+    parser.add_argument("digest", type=_digest_argument, metavar="DIGEST", help=DIGEST_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON array of its locks")
+    _add_wide(parser)
     parser.set_defaults(run=run_show)
 
 
+#: What a DIGEST argument may be.
+DIGEST_HELP = (
+    "the digest, its first characters (at least 4, as long as no other held lock's digest starts with them), "
+    "or the key of a lock"
+)
+
+
 def run_show(context: Context, args: argparse.Namespace) -> int:
-    locks = _held(context, args.digest, or_unreadable=True)
+    digest = _resolve(context, args.digest)
+    locks = _held(context, digest, or_unreadable=True)
     if args.json:
         context.print_json([lock.as_dict() for lock in locks])
         return RET_OK
     for lock in locks:
-        for line in describe_lock(lock):
+        for line in describe_lock(lock, width=context.width):
             context.print(line)
-    for key, reasons in _unreadable(context, args.digest).items():
-        context.print(f"Lock {key!r} holds {count(len(reasons), 'place')} this version cannot read:")
+    for key, reasons in _unreadable(context, digest).items():
+        context.print(f"Lock {key!r} holds {count(len(reasons), 'record')} this version cannot read:")
         for reason in reasons.values():
             context.print(f"  {reason}")
     return RET_OK
@@ -345,6 +405,7 @@ def declare_explain(subparsers: Subparsers) -> None:
     )
     parser.add_argument("--kwargs", default="{}", metavar="KWARGS_JSON", help="the keyword arguments, as a JSON object")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_wide(parser)
     parser.set_defaults(run=run_explain)
 
 
@@ -362,16 +423,18 @@ def run_explain(context: Context, args: argparse.Namespace) -> int:
     if args.json:
         context.print_json(explanation.as_dict())
         return RET_OK
+    read = "" if explanation.prefix is None else f" under prefix {explanation.prefix!r}"
+    context.print(f"locks on   {context.server}{read}")
     context.print(f"actor      {explanation.actor} (queue {explanation.queue})")
     if explanation.lock is None:
         context.print(explanation.on_send)
         return RET_OK
-    context.print(f"lock       {explanation.lock} (lock_limit {explanation.lock_limit}, prefix {explanation.prefix!r})")
+    context.print(f"lock       {explanation.lock} (lock_limit {explanation.lock_limit})")
     context.print(f"lock args  {json.dumps(explanation.lock_args)}")
     context.print(f"digest     {explanation.digest}")
     context.print()
     for lock in explanation.locks:
-        for line in describe_lock(lock):
+        for line in describe_lock(lock, width=context.width):
             context.print(line)
     if not explanation.locks:
         context.print("No lock of this digest is held.")
@@ -450,11 +513,12 @@ def run_history(context: Context, args: argparse.Namespace) -> int:
             f" in the last {format_duration(args.since)}" if args.since else "",
         )
     )
-    where = f"under {prefixes_phrase(context.prefixes)} on {_server(context.backend)}"
+    where = f"on {context.where()}"
     if not entries:
         context.print(f"No conflicts{subject} {where}.")
         return RET_OK
-    width = _width()
+    # The trail's two lines an entry read best within 100 columns, also on a wider terminal.
+    width = max(40, min(TRAIL_WIDTH, context.width or TRAIL_WIDTH))
     for line in textwrap.wrap(f"Conflicts{subject} {where}, newest first (times in UTC):", width):
         context.print(line)
     context.print()
@@ -469,16 +533,27 @@ def run_history(context: Context, args: argparse.Namespace) -> int:
 def declare_unlock(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "unlock",
-        help="free the locks of a digest, or of an actor",
-        description="Free held places, each only while it is still as read. A freed message is neither stopped nor "
-        "removed from its queue, and a duplicate of it can be sent meanwhile.",
+        help="unlock the holders of a digest, or of an actor",
+        description="Unlock the holders of a digest's locks, or of an actor's. A holder is unlocked only if it is "
+        "still as it was read (it did not renew its lease, re-enter or leave meanwhile). Its message is neither "
+        "stopped nor removed from its queue, and a duplicate of it can be sent, and run, meanwhile. The command "
+        "asks first when it would unlock every holder of an actor (--all), or a holder that is running.",
     )
-    parser.add_argument("digest", nargs="?", type=_digest_argument, metavar="DIGEST", help="the digest to free")
-    parser.add_argument("--message-id", metavar="ID", help="free only the place of this message")
-    parser.add_argument("--actor", help="with --all: free every place held by messages of this actor")
-    parser.add_argument("--all", action="store_true", help="with --actor: free every lock of the actor")
-    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    parser.add_argument("--dry-run", action="store_true", help="only list what would be freed")
+    parser.add_argument("digest", nargs="?", type=_digest_argument, metavar="DIGEST", help=DIGEST_HELP)
+    parser.add_argument(
+        "--message-id", metavar="ID", help="unlock only the holder of this message (or of its first characters)"
+    )
+    parser.add_argument("--actor", help="with --all: unlock every holder that is a message of this actor")
+    parser.add_argument("--all", action="store_true", help="with --actor: unlock every lock of the actor")
+    parser.add_argument(
+        "--yes",
+        "--force",
+        action="store_true",
+        help="do not ask before unlocking every holder of an actor (--all) or a running holder, whose message "
+        "goes on running while a duplicate can start",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="only list what would be unlocked")
+    _add_wide(parser)
     parser.set_defaults(run=run_unlock, parser=parser)
 
 
@@ -489,39 +564,57 @@ def run_unlock(context: Context, args: argparse.Namespace) -> int:
     if args.message_id and not by_digest:
         args.parser.error("--message-id goes with DIGEST")
     if by_digest:
-        found = _held(context, args.digest, message_id=args.message_id)
-        what = f"of digest {args.digest!r}"
+        digest = _resolve(context, args.digest)
+        found = _held(context, digest, message_id=args.message_id)
+        what = f"of digest {digest!r}"
     else:
         found = list(context.locks.list(actor=args.actor))
         what = f"of actor {args.actor!r}"
         if not found:
-            context.print(f"No locks of actor {args.actor!r} are held under prefix {context.prefixes[0]!r}.")
+            context.print(f"No locks of actor {args.actor!r} are held on {context.where()}.")
             return RET_OK
     if args.dry_run:
-        context.print(f"Would free {places(found)} {what}:")
-        for line in lock_table(found, indent="  "):
+        context.print(f"Would unlock {holders(found)} {what}:")
+        for line in lock_table(found, indent="  ", width=context.width):
             context.print(line)
         return RET_OK
-    if not by_digest and not args.yes:
-        question = (
-            f"Free {places(found)} {what}? Their messages are not stopped, and duplicates of them can be sent then."
+    running = [h for lock in found for h in lock.holders if h.state == RUNNING]
+    if not args.yes and (not by_digest or running):
+        question = f"Unlock {holders(found)} {what}? " + (
+            _running_note(running)
+            if by_digest
+            else "Their messages are not stopped, and duplicates of them can be sent then."
         )
         if not context.confirm(question):
-            context.print("Nothing was freed.")
+            context.print("Nothing was unlocked.")
             return RET_ABORTED
     freed = context.locks.release(found)
-    context.print(f"Freed {places(freed)} {what}" + (":" if freed else "."))
-    for line in lock_table(freed, indent="  ") if freed else ():
+    context.print(f"Unlocked {holders(freed)} {what}" + (":" if freed else "."))
+    for line in lock_table(freed, indent="  ", width=context.width) if freed else ():
         context.print(line)
     left = sum(len(lock.holders) for lock in found) - sum(len(lock.holders) for lock in freed)
     if left:
         print(
-            f"{count(left, 'place')} changed after {'it was' if left == 1 else 'they were'} read (a holder renewed "
-            "its lease, re-entered or left) and stayed held; run the command again to see them.",
+            f"{count(left, 'holder')} changed after {'it was' if left == 1 else 'they were'} read (renewed "
+            "a lease, re-entered or left) and stayed held; run the command again to see them.",
             file=context.err,
         )
         return RET_CHANGED
     return RET_OK
+
+
+def _running_note(running: Sequence[HolderInfo]) -> str:
+    """What unlocking running holders does to them: ``Message '…' is running on worker '…': ...``."""
+    described = [f"{h.message_id!r}" + (f" on worker {h.worker_id!r}" if h.worker_id else "") for h in running]
+    if len(running) == 1:
+        return (
+            f"Message {described[0]} is running: it is not stopped, and a duplicate of it can be sent and start "
+            "beside it."
+        )
+    return (
+        f"Messages {', '.join(described)} are running: they are not stopped, and duplicates of them can be sent "
+        "and start beside them."
+    )
 
 
 def declare_reap(subparsers: Subparsers) -> None:
@@ -555,18 +648,18 @@ def run_reap(context: Context, args: argparse.Namespace) -> int:
         return RET_OK
     passes = count(report.passes, "pass", "passes")
     context.print(
-        f"The orphan reaper inspected {count(report.inspected, 'lock place')} in {passes} "
+        f"The orphan reaper inspected {count(report.inspected, 'holder')} of locks in {passes} "
         f"({'a full cycle' if report.complete else 'stopped at --max-passes'}) in {report.seconds:.2f}s and released "
         f"{report.released}: {report.released_dead_workers} of dead workers, {report.released_missing_messages} of "
         "messages that no longer exist."
         + (
-            f" It enqueued again {count(report.enqueued_again, 'message')} that a line handed a place."
+            f" It enqueued again {count(report.enqueued_again, 'message')} that a line handed a slot."
             if report.enqueued_again
             else ""
         )
         + (
-            f" It left {count(report.left_for_broker, 'place')} held whose lock has messages waiting in its line:"
-            " pass --app to let the reaper enqueue the one handed the place."
+            f" It left {count(report.left_for_broker, 'holder')} held whose lock has messages waiting in its line:"
+            " pass --app to let the reaper enqueue the one handed the slot."
             if report.left_for_broker
             else ""
         )
@@ -720,29 +813,6 @@ def _duration_argument(value: str) -> int:
     return total
 
 
-def _width() -> int:
-    """The width the conflict trail is printed in: the terminal's ($COLUMNS first), at most
-    100 columns, and 100 when the output is no terminal."""
-    return max(40, min(TRAIL_WIDTH, shutil.get_terminal_size((TRAIL_WIDTH, 24)).columns))
-
-
-def _server(backend: LockBackend) -> str:
-    """The Redis a backend reads, as a person names it, without its password."""
-    client = getattr(backend, "client", None)
-    if client is None:
-        return type(backend).__name__
-    if hasattr(client, "get_default_node"):
-        node = client.get_default_node()
-        return f"the Redis Cluster of {node.host}:{node.port}"
-    pool = client.connection_pool
-    if hasattr(pool, "service_name"):
-        return f"the Redis of Sentinel service {pool.service_name!r}"
-    kwargs = pool.connection_kwargs
-    if "path" in kwargs:
-        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
-    return f"redis://{kwargs.get('host')}:{kwargs.get('port')}/{kwargs.get('db', 0)}"
-
-
 def _prefix_argument(value: str) -> str:
     # A prefix that no actor may declare holds no lock: refused as the declaration refuses it.
     problem = prefix_problem(value)
@@ -764,14 +834,58 @@ def _json_argument(value: str, kind: type, problem: str) -> Any:
 
 
 def _unreadable(context: Context, digest: str) -> dict[str, dict[str, str]]:
-    """The places of the locks of ``digest`` that this version cannot read, by key, as last read."""
-    return {key: places for key, places in context.locks.unreadable.items() if digest_of(key) == digest}
+    """The records of the locks of ``digest`` that this version cannot read, by key, as last read."""
+    return {key: records for key, records in context.locks.unreadable.items() if digest_of(key) == digest}
+
+
+#: How many candidates an ambiguous digest prefix names.
+CANDIDATES_SHOWN = 10
+
+
+def _resolve(context: Context, value: str) -> str:
+    """The digest that ``value`` is, or is the unique prefix of among the held locks.
+
+    Raises:
+      CommandError: If ``value`` is too short, starts no held lock's digest, or starts several.
+    """
+    if len(value) >= DIGEST_LENGTH:
+        return value
+    try:
+        found = context.locks.resolve(value)
+    except ValueError as e:
+        raise CommandError(str(e), RET_USAGE) from None
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise CommandError(
+            f"No lock whose digest starts with {value!r} is held on {context.where()} (a digest has "
+            f"{DIGEST_LENGTH} characters).",
+            RET_NOT_FOUND,
+        )
+    candidates = []
+    for digest in found[:CANDIDATES_SHOWN]:
+        locks = context.locks.get(digest)
+        holder = locks[0].holders[0] if locks else None
+        described = (
+            ""
+            if holder is None
+            else f" (actor {holder.actor}" + (f", {holder.call})" if holder.call is not None else ")")
+        )
+        candidates.append(digest + described)
+    more = f", and {len(found) - CANDIDATES_SHOWN} more" if len(found) > CANDIDATES_SHOWN else ""
+    raise CommandError(
+        f"The digest prefix {value!r} is ambiguous: {len(found)} held locks on {context.where()} start with it: "
+        f"{'; '.join(candidates)}{more}. Give more characters.",
+        RET_USAGE,
+    )
 
 
 def _held(
     context: Context, digest: str, *, message_id: str | None = None, or_unreadable: bool = False
 ) -> list[LockInfo]:
-    """The locks of ``digest``; with ``or_unreadable``, none when it holds only places this version cannot read."""
+    """The locks of ``digest``, with only the holder of ``message_id`` (or of the only message id that
+    starts with it) when given; with ``or_unreadable``, none when it holds only records this version
+    cannot read."""
     try:
         locks = list(context.locks.get(digest))
     except ValueError as e:
@@ -780,22 +894,30 @@ def _held(
     if not locks and unreadable:
         if or_unreadable:
             return locks
-        reasons = "; ".join(f"in {key!r}, {reason}" for key, places in unreadable.items() for reason in places.values())
+        reasons = "; ".join(
+            f"in {key!r}, {reason}" for key, records in unreadable.items() for reason in records.values()
+        )
         raise CommandError(
-            f"The locks of digest {digest!r} hold only places this version cannot read: {reasons}. Remove them by "
+            f"The locks of digest {digest!r} hold only records this version cannot read: {reasons}. Remove them by "
             "hand (see Errors in the docs).",
             RET_NOT_FOUND,
         )
     if not locks:
         hint = "" if len(digest) == DIGEST_LENGTH else f" (a digest has {DIGEST_LENGTH} characters)"
-        raise CommandError(
-            f"No lock of digest {digest!r} is held under {prefixes_phrase(context.prefixes)}{hint}.", RET_NOT_FOUND
-        )
+        raise CommandError(f"No lock of digest {digest!r} is held on {context.where()}{hint}.", RET_NOT_FOUND)
     if message_id is None:
         return locks
-    mine = [lock for lock in (lock.only(message_id=message_id) for lock in locks) if lock is not None]
+    ids = {h.message_id for lock in locks for h in lock.holders if h.message_id.startswith(message_id)}
+    if message_id not in ids and len(ids) > 1:
+        raise CommandError(
+            f"Message id {message_id!r} is ambiguous: it starts {', '.join(map(repr, sorted(ids)))} among the holders "
+            f"of digest {digest!r}. Give more characters.",
+            RET_USAGE,
+        )
+    wanted = message_id if message_id in ids or not ids else ids.pop()
+    mine = [lock for lock in (lock.only(message_id=wanted) for lock in locks) if lock is not None]
     if not mine:
-        raise CommandError(f"Message {message_id!r} holds no place in the locks of digest {digest!r}.", RET_NOT_FOUND)
+        raise CommandError(f"Message {message_id!r} holds none of the locks of digest {digest!r}.", RET_NOT_FOUND)
     return mine
 
 

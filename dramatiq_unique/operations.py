@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ConflictInfo", "Explanation", "HolderInfo", "LockInfo", "Locks", "WorkerInfo"]
 
+#: The shortest digest prefix :meth:`Locks.resolve` takes, as ``git`` takes at least 4
+#: characters of a commit id.
+MIN_DIGEST_PREFIX = 4
+
 
 class Locks:
     """The locks held in a backend: list them, look one up, explain why a
@@ -202,9 +206,14 @@ class Locks:
         prefix; a step is only read when the one before has been taken."""
         position: _Position | None = start
         while position is not None:
-            next_cursor, records = self.backend.scan(self.prefixes[position.index], position.cursor, self.batch)
+            prefix = self.prefixes[position.index]
             if digest_prefix:
-                records = [r for r in records if (digest_of(r.key) or "").startswith(digest_prefix)]
+                # The backend filters where the keys are: a lock of another digest is not read.
+                next_cursor, records = self.backend.scan(
+                    prefix, position.cursor, self.batch, digest_start=digest_prefix
+                )
+            else:
+                next_cursor, records = self.backend.scan(prefix, position.cursor, self.batch)
             now = self.backend.time() if records else 0
             if next_cursor != "0":
                 following: _Position | None = _Position(position.index, next_cursor)
@@ -242,6 +251,38 @@ class Locks:
         _check_digest(digest)
         self.unreadable = {}
         return tuple(lock for prefix in self.prefixes for lock in self._read(prefix, digest)[1])
+
+    def resolve(self, digest_prefix: str) -> tuple[str, ...]:
+        """The digests of the held locks that start with ``digest_prefix``, as ``git`` takes a
+        unique prefix of a commit id: one digest when the prefix is unique.
+
+        The backend is scanned for the keys of those digests only (``SCAN MATCH`` on Redis, on
+        every master of a Redis Cluster), under every prefix covered, a bounded step at a time.
+        A lock holding only places this version cannot read counts too: :meth:`get` leaves its
+        places out, and :attr:`unreadable` says why.
+
+        Parameters:
+          digest_prefix(str): The first characters of a digest, at least 4; a whole digest
+            is its own prefix.
+
+        Returns:
+          tuple[str]: The matching digests, sorted; empty when none is held.
+
+        Raises:
+          ValueError: If ``digest_prefix`` is shorter than 4 characters or holds a
+            character no digest has in a key (``{``, ``}``, ``:``).
+        """
+        _check_digest(digest_prefix)
+        if len(digest_prefix) < MIN_DIGEST_PREFIX:
+            raise ValueError(
+                f"{digest_prefix!r} is too short a digest prefix: give at least {MIN_DIGEST_PREFIX} characters "
+                f"of the digest (a digest has {DIGEST_LENGTH})."
+            )
+        self.unreadable = {}
+        steps = self._scan(_Position(0, "0"), digest_prefix=digest_prefix)
+        found = {lock.digest for step in steps for lock in step.locks}
+        found.update(digest for digest in map(digest_of, self.unreadable) if digest is not None)
+        return tuple(sorted(found))
 
     def explain(self, actor: Actor[Any, Any], *args: Any, **kwargs: Any) -> Explanation:
         """Compute the digest of ``actor`` with these arguments as the
@@ -348,7 +389,7 @@ class Locks:
             self.unreadable.setdefault(record.key, {})[record.owner] = record.unreadable
             if (record.key, record.owner) not in self._logged:
                 self._logged.add((record.key, record.owner))
-                self.logger.warning("A place in lock %r is left out: %s.", record.key, record.unreadable)
+                self.logger.warning("A record in lock %r is left out: %s.", record.key, record.unreadable)
         return readable
 
     def _with_lines(self, locks: builtins.list[LockInfo]) -> builtins.list[LockInfo]:
@@ -459,7 +500,7 @@ class Locks:
             if holders:
                 freed.append(dataclasses.replace(lock, holders=holders))
                 self.logger.info(
-                    "The %s lock %r of actor %r was unlocked by hand: it freed the place of message %s.",
+                    "The %s lock %r of actor %r was unlocked by hand, for message %s.",
                     lock.kind,
                     lock.digest,
                     lock.actor,
@@ -576,18 +617,18 @@ def _locks_of(records: Iterable[LockRecord], now: int) -> list[LockInfo]:
 def _unreadable_fails(step: str, key: str, places: dict[str, str]) -> str:
     return (
         f"A new {step} would fail with LockBackendError: in lock {key!r}, {next(iter(places.values()))}, and no "
-        "place is taken beside what cannot be read. Remove it (see Errors in the docs)."
+        "slot is taken beside what cannot be read. Remove it (see Errors in the docs)."
     )
 
 
 def _free_place(kind: str, lock: LockInfo | None, limit: int, subject: str) -> str | None:
-    """What ``subject`` meets when the lock has a free place, ``None`` when it is full."""
+    """What ``subject`` meets when the lock has a free slot, ``None`` when it is full."""
     taken = len(lock.holders) if lock is not None else 0
     if taken >= limit:
         return None
     if taken == 0:
         return f"{subject} would take the {kind} lock: it is free."
-    return f"{subject} would take a free place in the {kind} lock ({taken} of {limit} taken)."
+    return f"{subject} would take a free slot of the {kind} lock ({taken} of {limit} taken)."
 
 
 def _outcome(config: LockConfig, side: str) -> str:
@@ -631,5 +672,6 @@ def _on_start(config: LockConfig, lock: LockInfo | None, now: int) -> str:
 
 
 def _line(lock: LockInfo) -> str:
-    """``; 3 messages wait in its line`` for a lock with a line, else nothing."""
-    return f"; {count(len(lock.waiting), 'message')} wait in its line" if lock.waiting else ""
+    """``; 3 messages wait in its line`` (``1 message waits``) for a lock with a line, else nothing."""
+    verb = "waits" if len(lock.waiting) == 1 else "wait"
+    return f"; {count(len(lock.waiting), 'message')} {verb} in its line" if lock.waiting else ""

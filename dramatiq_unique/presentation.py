@@ -8,9 +8,11 @@ backend's clock, never against this machine's.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from .held import ConflictInfo, HolderInfo, LockInfo
+from .keys import RUN
 
 
 def format_duration(ms: int) -> str:
@@ -36,13 +38,37 @@ def format_time(ms: int) -> str:
 
 
 def age(holder: HolderInfo, lock: LockInfo) -> str:
-    """How long ago ``holder`` took its place, when ``lock`` was read."""
+    """How long ``holder`` has held its lock, when ``lock`` was read (its "held for")."""
     return format_duration(lock.read_at - holder.acquired_at)
 
 
 def ttl(holder: HolderInfo, lock: LockInfo, *, never: str = "never") -> str:
-    """How long ``holder``'s place had left when ``lock`` was read; ``never`` for a place that never lapses."""
+    """How long ``holder``'s hold had left when ``lock`` was read, lease or lifetime alike;
+    ``never`` for a hold that never lapses. :func:`lease` and :func:`expires` tell them apart."""
     return never if holder.expires_at is None else format_duration(holder.expires_at - lock.read_at)
+
+
+def has_lease(holder: HolderInfo, lock: LockInfo) -> bool:
+    """Whether ``holder``'s end is a lease its worker renews while the message runs: a place in
+    a run lock that lapses. The record keeps one end only: for a run lock it is the lease,
+    which ``lock_ttl``, when set, caps; for an enqueue lock, the lifetime that ``lock_ttl`` sets."""
+    return lock.kind == RUN and holder.expires_at is not None
+
+
+def lease(holder: HolderInfo, lock: LockInfo, *, none: str = "-") -> str:
+    """How long ``holder``'s lease had left when ``lock`` was read; ``none`` without a lease."""
+    if not has_lease(holder, lock) or holder.expires_at is None:
+        return none
+    return format_duration(holder.expires_at - lock.read_at)
+
+
+def expires(holder: HolderInfo, lock: LockInfo, *, never: str = "never", none: str = "-") -> str:
+    """How long until ``holder``'s hold expires whatever becomes of its message (its
+    ``lock_ttl``-bound lifetime), when ``lock`` was read; ``never`` without one, ``none`` when
+    its end is a lease (:func:`lease`)."""
+    if has_lease(holder, lock):
+        return none
+    return ttl(holder, lock, never=never)
 
 
 def count(number: int, noun: str, plural: str | None = None) -> str:
@@ -50,9 +76,9 @@ def count(number: int, noun: str, plural: str | None = None) -> str:
     return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
 
-def places(locks: Sequence[LockInfo]) -> str:
-    """How many places in how many locks: ``3 places in 2 locks``."""
-    return f"{count(sum(len(lock.holders) for lock in locks), 'place')} in {count(len(locks), 'lock')}"
+def holders(locks: Sequence[LockInfo]) -> str:
+    """How many holders in how many locks: ``3 holders in 2 locks``."""
+    return f"{count(sum(len(lock.holders) for lock in locks), 'holder')} in {count(len(locks), 'lock')}"
 
 
 def prefixes_phrase(prefixes: Sequence[str]) -> str:
@@ -69,46 +95,235 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, indent: str 
     ]
 
 
-def lock_table(locks: Iterable[LockInfo], *, indent: str = "") -> list[str]:
-    """One row per holder, with its lock, then one per message waiting in its line."""
-    headers = ("DIGEST", "KIND", "ACTOR", "QUEUE", "LOCK", "MESSAGE ID", "STATE", "AGE", "TTL", "WORKER")
+#: The width of a table when nobody gives one: that of a terminal of 100 columns.
+DEFAULT_WIDTH = 100
+#: How many characters of a digest and of a message id a table that fits shows: as many as
+#: the web page shows of a digest, and a unique prefix of it in practice (``show`` takes one).
+SHORT_DIGEST = 12
+SHORT_MESSAGE_ID = 8
+#: The lock types' names in a table that must fit.
+SHORT_LOCK_NAMES = {
+    "until_executing": "executing",
+    "until_executed": "executed",
+    "until_expired": "expired",
+    "while_executing": "while",
+    "until_and_while_executing": "until+while",
+}
+#: The narrowest the CALL column is shown, which takes what is left of the width; the other
+#: columns are narrowed to leave it CALL_ROOM when they can.
+CALL_WIDTH = 12
+CALL_ROOM = 24
+
+
+def cut(text: str, width: int) -> str:
+    """``text``, cut to ``width`` characters with ``…`` at the end when it is longer."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def short_worker(worker_id: str) -> str:
+    """A worker id (``host:pid:random``) without its random part: ``host:pid``."""
+    return worker_id.rpartition(":")[0] if worker_id.count(":") >= 2 else worker_id
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One step of fitting a table to a width, taken while it is wider: ``shorten`` a column's
+    cells with ``how``, ``cut`` them to ``width`` at least, or ``drop`` the column."""
+
+    action: str
+    column: str
+    width: int = 0
+    how: Callable[[str], str] | None = None
+
+
+def fit_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    width: int,
+    steps: Sequence[Fit] = (),
+    rest: str | None = None,
+    indent: str = "",
+) -> list[str]:
+    """:func:`table`, fitted to ``width`` characters: each step is taken, in order, while the
+    table is wider. The column ``rest`` (the last one) takes the width left, cut to it; it is
+    left out when narrower than :data:`CALL_WIDTH`, or when it holds nothing but ``-``."""
+    columns = {header: [row[i] for row in rows] for i, header in enumerate(headers)}
+    last = columns.pop(rest) if rest is not None and rest in columns else None
+    if last is not None and all(cell == "-" for cell in last):
+        last = None
+
+    uncut: dict[str, list[str]] = {}
+
+    def wide(cells: Sequence[str], header: str) -> int:
+        return max([len(header), *map(len, cells)])
+
+    def total() -> int:
+        return len(indent) + sum(wide(cells, h) for h, cells in columns.items()) + 2 * (len(columns) - 1)
+
+    # The other columns leave the last one CALL_ROOM, or less when its values are shorter.
+    room_wanted = min(CALL_ROOM, wide(last, rest)) if last is not None and rest is not None else 0
+    for budget in ((width - room_wanted - 2) if last is not None else width, width):
+        for step in steps:
+            if total() <= budget:
+                break
+            if step.column not in columns:
+                continue
+            cells = columns[step.column]
+            if step.action == "drop":
+                del columns[step.column]
+            elif step.action == "shorten" and step.how is not None:
+                columns[step.column] = [step.how(cell) for cell in cells]
+            elif step.action == "cut":
+                uncut.setdefault(step.column, cells)
+                narrowest = max(step.width, len(step.column))
+                to = max(narrowest, wide(cells, step.column) - (total() - budget))
+                columns[step.column] = [cut(cell, to) for cell in cells]
+        # A column cut before a later step made room gets that room back, the last cut first.
+        for header, cells in reversed(uncut.items()):
+            if header in columns and total() < budget:
+                to = min(wide(cells, header), wide(columns[header], header) + budget - total())
+                columns[header] = [cut(cell, to) for cell in cells]
+        room = width - total() - 2
+        if last is None or room >= CALL_WIDTH:
+            break
+        last = None  # no room left for it: the other columns take the whole width
+    if last is not None and rest is not None:
+        columns[rest] = [cut(cell, room) for cell in last]
+    return table(list(columns), list(zip(*columns.values(), strict=True)) if rows else [], indent=indent)
+
+
+#: How the table of ``list`` fits a width, step by step.
+LIST_FIT = (
+    Fit("shorten", "LOCK", how=lambda name: SHORT_LOCK_NAMES.get(name, name)),
+    Fit("cut", "ACTOR", 16),
+    Fit("shorten", "WORKER", how=short_worker),
+    Fit("drop", "QUEUE"),
+    Fit("drop", "LOCK"),
+    Fit("cut", "ACTOR", 12),
+    Fit("cut", "WORKER", 10),
+    Fit("drop", "WORKER"),
+    Fit("cut", "ACTOR", 8),
+)
+
+#: How the table of one lock's holders fits a width, step by step.
+HOLDERS_FIT = (
+    Fit("shorten", "WORKER", how=short_worker),
+    Fit("cut", "WORKER", 10),
+    Fit("drop", "WORKER"),
+    Fit("drop", "TOKEN"),
+)
+
+
+def _whole(headers: Sequence[str], rows: Sequence[Sequence[str]], *, indent: str) -> list[str]:
+    """:func:`table`, without the last column (CALL) when no holder's call is known."""
+    if rows and any(row[-1] != "-" for row in rows):
+        return table(headers, rows, indent=indent)
+    return table(headers[:-1], [row[:-1] for row in rows], indent=indent)
+
+
+def _first(text: str, length: int, short: bool) -> str:
+    return text[:length] if short else text
+
+
+def _call(holder: HolderInfo) -> str:
+    return holder.call if holder.call is not None else "-"
+
+
+def lock_table(locks: Iterable[LockInfo], *, indent: str = "", width: int | None = None) -> list[str]:
+    """One row per holder, with its lock, then one per message waiting in its line.
+
+    Parameters:
+      width(int): The width to fit, with short digests and message ids; ``None`` for every
+        column and value whole.
+    """
+    locks = list(locks)
+    short = width is not None
+    headers = (
+        "DIGEST",
+        "KIND",
+        "ACTOR",
+        "QUEUE",
+        "LOCK",
+        "MESSAGE",
+        "STATE",
+        "HELD",
+        "LEASE",
+        "EXPIRES",
+        "WORKER",
+        "CALL",
+    )
+    rows: list[tuple[str, ...]] = []
+    for lock in locks:
+        digest = _first(lock.digest, SHORT_DIGEST, short)
+        rows += [
+            (
+                digest,
+                lock.kind,
+                holder.actor,
+                holder.queue,
+                holder.lock,
+                _first(holder.message_id, SHORT_MESSAGE_ID, short),
+                holder.state,
+                age(holder, lock),
+                lease(holder, lock),
+                expires(holder, lock),
+                holder.worker_id or "-",
+                _call(holder),
+            )
+            for holder in lock.holders
+        ]
+        # What waits in its line follows the lock's holders, the next first.
+        rows += [
+            (
+                digest,
+                lock.kind,
+                lock.actor,
+                lock.queue,
+                lock.lock,
+                _first(message_id, SHORT_MESSAGE_ID, short),
+                f"waiting {place}",
+                *("-",) * 5,
+            )
+            for place, message_id in enumerate(lock.waiting, 1)
+        ]
+    if width is None:
+        return _whole(headers, rows, indent=indent)
+    return fit_table(headers, rows, width=width, steps=LIST_FIT, rest="CALL", indent=indent)
+
+
+def holder_table(lock: LockInfo, *, indent: str = "  ", width: int | None = None) -> list[str]:
+    """The holders of one lock; fitted to ``width`` with short message ids, or whole when ``None``."""
+    short = width is not None
+    headers = ("MESSAGE", "STATE", "HELD", "LEASE", "EXPIRES", "TOKEN", "WORKER", "CALL")
     rows = [
         (
-            lock.digest,
-            lock.kind,
-            holder.actor,
-            holder.queue,
-            holder.lock,
-            holder.message_id,
-            holder.state,
-            age(holder, lock),
-            ttl(holder, lock),
-            holder.worker_id or "-",
+            _first(h.message_id, SHORT_MESSAGE_ID, short),
+            h.state,
+            age(h, lock),
+            lease(h, lock),
+            expires(h, lock),
+            str(h.token),
+            h.worker_id or "-",
+            _call(h),
         )
-        for lock in locks
-        for holder in lock.holders
+        for h in lock.holders
     ]
-    rows += [
-        (lock.digest, lock.kind, lock.actor, lock.queue, lock.lock, message_id, f"waiting {place}", "-", "-", "-")
-        for lock in locks
-        for place, message_id in enumerate(lock.waiting, 1)
-    ]
-    return table(headers, rows, indent=indent)
+    if width is None:
+        return _whole(headers, rows, indent=indent)
+    return fit_table(headers, rows, width=width, steps=HOLDERS_FIT, rest="CALL", indent=indent)
 
 
-def holder_table(lock: LockInfo, *, indent: str = "  ") -> list[str]:
-    """The holders of one lock."""
-    headers = ("MESSAGE ID", "STATE", "AGE", "TTL", "TOKEN", "WORKER")
-    rows = [(h.message_id, h.state, age(h, lock), ttl(h, lock), str(h.token), h.worker_id or "-") for h in lock.holders]
-    return table(headers, rows, indent=indent)
-
-
-def describe_lock(lock: LockInfo) -> list[str]:
-    """A lock and its holders: its key, its holders' actors, queues and lock types, and a table of them."""
+def describe_lock(lock: LockInfo, *, width: int | None = None) -> list[str]:
+    """A lock and its holders: its key, its holders' actors, queues and lock types, and a table
+    of them, fitted to ``width`` (whole when ``None``)."""
     lines = [f"{lock.kind} lock {lock.key}: {count(len(lock.holders), 'holder')}"]
     owners = sorted({(h.actor, h.queue, h.lock) for h in lock.holders})
-    lines += [f"  actor {actor}, queue {queue}, lock {kind}" for actor, queue, kind in owners]
-    lines += holder_table(lock)
+    lines += [
+        cut(line, width) if width is not None else line
+        for line in (f"  actor {actor}, queue {queue}, lock {kind}" for actor, queue, kind in owners)
+    ]
+    lines += holder_table(lock, width=width)
     if lock.waiting:
         lines.append(f"  {count(len(lock.waiting), 'message')} waiting in its line, the next first:")
         lines += [f"    {place}. {message_id}" for place, message_id in enumerate(lock.waiting, 1)]
@@ -116,13 +331,18 @@ def describe_lock(lock: LockInfo) -> list[str]:
 
 
 def describe_holder(holder: HolderInfo, now: int) -> str:
-    """One holder, for a person: its message, state, age and remaining time, e.g.
-    ``message '…' (queued, taken 2m 03s ago, never lapses)``."""
+    """One holder, for a person: its message, state, how long it has held the lock and when its
+    hold ends, e.g. ``message '…' (queued, held for 2m 03s, never expires)``."""
     state = holder.state
     if holder.worker_id:
         state += f" on worker {holder.worker_id!r}"
-    lapses = "never lapses" if holder.expires_at is None else f"lapses in {format_duration(holder.expires_at - now)}"
-    return f"message {holder.message_id!r} ({state}, taken {format_duration(now - holder.acquired_at)} ago, {lapses})"
+    if holder.expires_at is None:
+        end = "never expires"
+    elif holder.place.kind == RUN:
+        end = f"lease {format_duration(holder.expires_at - now)} left, renewed while it runs"
+    else:
+        end = f"expires in {format_duration(holder.expires_at - now)}"
+    return f"message {holder.message_id!r} ({state}, held for {format_duration(now - holder.acquired_at)}, {end})"
 
 
 def describe_holders(holders: Sequence[HolderInfo], now: int) -> str:

@@ -61,6 +61,7 @@ from .in_hand import held_by_live_workers
 from .keys import RUN, digest_of, reaper_cursor_key, reaper_leader_key, registry_key
 from .locks import LOCK_TYPES
 from .options import DEFAULT_HEARTBEAT_INTERVAL, DEFAULTS
+from .presentation import count
 
 #: The name of the orphan reaper actor.
 REAPER_ACTOR_NAME = "dramatiq_unique_reaper"
@@ -221,21 +222,21 @@ class Reaper:
         report.seconds = time.monotonic() - started
         if unreadable:
             self.logger.warning(
-                "The orphan reaper left %d lock places it cannot read as they are: %s%s. Remove what is not a "
+                "The orphan reaper left %s it cannot read untouched: %s%s. Remove what is not a "
                 "lock of this version (see Errors in the docs).",
-                len(unreadable),
+                count(len(unreadable), "lock record"),
                 "; ".join(f"in {record.key!r}, {record.unreadable}" for record in unreadable[:3]),
                 f"; and {len(unreadable) - 3} more" if len(unreadable) > 3 else "",
             )
         self.logger.info(
-            "The orphan reaper inspected %d lock places in %d passes and released %d: %d of dead workers, "
+            "The orphan reaper inspected %s of locks in %s and released %d: %d of dead workers, "
             "%d of messages that no longer exist.%s",
-            report.inspected,
-            report.passes,
+            count(report.inspected, "holder"),
+            count(report.passes, "pass", "passes"),
             report.released,
             report.released_dead_workers,
             report.released_missing_messages,
-            f" It enqueued again {report.enqueued_again} messages handed a place by a line."
+            f" It enqueued again {count(report.enqueued_again, 'message')} that a line handed a slot."
             * bool(report.enqueued_again),
         )
         return report

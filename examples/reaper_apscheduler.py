@@ -77,7 +77,7 @@ def main():
             report = message.get_result(block=True, timeout=10_000)
             inspected, released = report["inspected"], report["released"]
             print(
-                f"run {number}: inspected {inspected} lock place, released {released}, "
+                f"run {number}: inspected {inspected} holder, released {released}, "
                 f"full cycle: {report['complete']}"
             )
         again = enqueue_outcome(settle_payment.send("evt_123"))

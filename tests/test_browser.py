@@ -137,7 +137,7 @@ def test_filter_open_a_lock_unlock_it_and_see_it_gone(app, server, browser, scre
     # Unlock it: the CSRF token travels in the form, its cookie with the request.
     browser.find_element(By.NAME, "unlock-lock").click()
     wait_for(lambda: browser.current_url.endswith("/unlock"))
-    assert "Freed 2 place(s) in 1 lock(s)" in browser.find_element(By.CLASS_NAME, "freed").text
+    assert "Unlocked 2 holders in 1 lock:" in browser.find_element(By.CLASS_NAME, "freed").text
     shot("unlocked")
 
     # And it is gone.

@@ -4,14 +4,20 @@ several holders of one digest, an actor's own prefix."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
 import os
+import pty
 import re
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
+import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import dramatiq
@@ -21,7 +27,7 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import TimeLimit
 
 from dramatiq_unique import Locks, RedisBackend, UniqueJobs, enqueue_outcome
-from dramatiq_unique.backends import Holder
+from dramatiq_unique.backends import Holder, LockRecord
 from dramatiq_unique.cli import (
     RET_ABORTED,
     RET_CONNECT,
@@ -32,7 +38,9 @@ from dramatiq_unique.cli import (
     RET_URL,
     RET_USAGE,
 )
+from dramatiq_unique.held import HolderInfo, LockInfo
 from dramatiq_unique.keys import registry_key
+from dramatiq_unique.presentation import lock_table
 
 from .support import wait_for
 
@@ -150,11 +158,13 @@ def test_list_prints_json_with_the_documented_keys(app, redis_url):
     assert len(json.loads(ok(cli("--url", redis_url, "list", "--limit", "1", "--json")))) == 1
 
 
-def test_list_prints_an_aligned_table_with_human_ages_and_ttls(app, redis_url):
+def test_list_prints_an_aligned_table_with_held_lease_and_expiry_apart(app, redis_url):
     module, sent = app
-    # --app: the application's backend and every prefix its actors use.
-    lines = ok(cli("--app", "tests.cli_app", "list", env={"CLI_APP_URL": redis_url})).splitlines()
-    header, *rows, blank, footer = lines
+    # --app: the application's backend and every prefix its actors use. --wide: every value whole.
+    lines = ok(cli("--app", "tests.cli_app", "list", "--wide", env={"CLI_APP_URL": redis_url})).splitlines()
+    first, header, *rows, blank, footer = lines
+    assert first == f"Locks on Redis {redis_url.removeprefix('redis://')} under prefixes 'dramatiq-unique', 'billing':"
+    # No CALL column: nothing here tells a holder's call.
     assert header.split() == [
         "DIGEST",
         "KIND",
@@ -162,42 +172,52 @@ def test_list_prints_an_aligned_table_with_human_ages_and_ttls(app, redis_url):
         "QUEUE",
         "LOCK",
         "MESSAGE",
-        "ID",
         "STATE",
-        "AGE",
-        "TTL",
+        "HELD",
+        "LEASE",
+        "EXPIRES",
         "WORKER",
     ]
-    assert blank == "" and footer == "5 places in 4 locks under prefixes 'dramatiq-unique', 'billing'."
+    assert blank == "" and footer == "5 holders in 4 locks."
     assert len(rows) == 5
     columns = [
-        re.search(rf"\b{name}\b", header).start() for name in ("KIND", "ACTOR", "MESSAGE ID", "STATE", "AGE", "TTL")
+        re.search(rf"\b{name}\b", header).start()
+        for name in ("KIND", "ACTOR", "MESSAGE", "STATE", "HELD", "LEASE", "EXPIRES", "WORKER")
     ]
     for row in rows:
         assert all(row[c - 1] == " " and row[c] != " " for c in columns)  # aligned
     settle = next(row for row in rows if sent["settle"].message_id in row)
-    assert settle.split()[1:5] == ["enqueue", "settle_payment", "payments", "until_executed"]
-    assert settle.split()[6:] == ["queued", settle.split()[7], "never", "-"]
+    assert settle.split()[:5] == [digest(sent["settle"]), "enqueue", "settle_payment", "payments", "until_executed"]
+    # An enqueue lock without lock_ttl: held for some time, no lease, never expires.
+    assert settle.split()[6:] == ["queued", settle.split()[7], "-", "never", "-"]
     assert re.fullmatch(r"\d+(ms|s)", settle.split()[7])
+    # A running holder of a run lock: its lease (renewed while it runs), no lifetime of its own.
     sync = next(row for row in rows if sent["sync"].message_id in row)
-    assert re.search(r"running\s+\d+(ms|s)\s+\d+s\s+\S+:\d+:\S+$", sync)
+    assert re.search(r"running\s+\d+(ms|s)\s+\d+s\s+-\s+\S+:\d+:\S+$", sync)
     assert any(sent["invoice"].message_id in row for row in rows)
 
     assert ok(cli("--url", redis_url, "list", "--actor", "nobody")) == (
-        "No locks are held under prefix 'dramatiq-unique' for actor 'nobody'.\n"
+        f"No locks are held on Redis {redis_url.removeprefix('redis://')} under prefix 'dramatiq-unique' "
+        "for actor 'nobody'.\n"
     )
 
 
 def test_show_prints_the_locks_of_one_digest(app, redis_url):
     module, sent = app
     report = digest(sent["report_a"])
-    lines = ok(cli("--url", redis_url, "show", report)).splitlines()
+    lines = ok(cli("--url", redis_url, "show", report, "--wide")).splitlines()
     assert lines[:2] == [
         f"enqueue lock dramatiq-unique:{{{report}}}: 2 holders",
         "  actor build_report, queue reports, lock until_executed",
     ]
-    assert lines[2].split() == ["MESSAGE", "ID", "STATE", "AGE", "TTL", "TOKEN", "WORKER"]
+    assert lines[2].split() == ["MESSAGE", "STATE", "HELD", "LEASE", "EXPIRES", "TOKEN", "WORKER"]
     assert [line.split()[0] for line in lines[3:]] == [sent["report_a"].message_id, sent["report_b"].message_id]
+    # Fitted (the default): the first characters of each message id.
+    fitted = ok(cli("--url", redis_url, "show", report)).splitlines()
+    assert [line.split()[0] for line in fitted[3:]] == [
+        sent["report_a"].message_id[:8],
+        sent["report_b"].message_id[:8],
+    ]
     # The key of a lock, as log lines name it, works too.
     (shown,) = json.loads(ok(cli("--url", redis_url, "show", f"dramatiq-unique:{{{report}}}", "--json")))
     assert set(shown) == LOCK_KEYS and len(shown["holders"]) == 2
@@ -210,19 +230,20 @@ def test_explain_computes_the_digest_with_the_actors_lock_args_method(app, redis
         cli("explain", "tests.cli_app:settle_payment", '["evt_123", {"amount": 999}]', env={"CLI_APP_URL": redis_url})
     )
     lines = out.splitlines()
-    assert lines[:4] == [
+    assert lines[:5] == [
+        f"locks on   Redis {redis_url.removeprefix('redis://')} under prefix 'dramatiq-unique'",
         "actor      settle_payment (queue payments)",
-        "lock       until_executed (lock_limit 1, prefix 'dramatiq-unique')",
+        "lock       until_executed (lock_limit 1)",
         'lock args  ["evt_123"]',
         f"digest     {digest(sent['settle'])}",
     ]
-    assert sent["settle"].message_id in lines[8]
+    assert lines[9].strip().startswith(sent["settle"].message_id[:8] + " ")
     # Then the conflict trail's last hour of the job (tests/test_history.py).
     assert lines[-2:] == ["", "The conflict trail has no message of this job in the last hour."]
     assert lines[-3].startswith(
-        f"A new send would be dropped as a duplicate of message {sent['settle'].message_id!r} (queued, taken "
+        f"A new send would be dropped as a duplicate of message {sent['settle'].message_id!r} (queued, held for "
     )
-    assert lines[-3].endswith("(strategy 'log').")
+    assert lines[-3].endswith(", never expires) (strategy 'log').")
 
     explained = json.loads(
         ok(
@@ -254,11 +275,11 @@ def test_unlock_frees_one_holder_or_a_digest_and_dry_run_frees_nothing(app, redi
     module, sent = app
     report = digest(sent["report_a"])
     out = ok(cli("--url", redis_url, "unlock", report, "--dry-run"))
-    assert out.splitlines()[0] == f"Would free 2 places in 1 lock of digest {report!r}:"
+    assert out.splitlines()[0] == f"Would unlock 2 holders in 1 lock of digest {report!r}:"
     assert len(json.loads(ok(cli("--url", redis_url, "show", report, "--json")))[0]["holders"]) == 2
 
     out = ok(cli("--url", redis_url, "unlock", report, "--message-id", sent["report_a"].message_id))
-    assert out.splitlines()[0] == f"Freed 1 place in 1 lock of digest {report!r}:"
+    assert out.splitlines()[0] == f"Unlocked 1 holder in 1 lock of digest {report!r}:"
     (left,) = json.loads(ok(cli("--url", redis_url, "show", report, "--json")))
     assert [h["message_id"] for h in left["holders"]] == [sent["report_b"].message_id]
 
@@ -269,7 +290,7 @@ def test_unlock_frees_one_holder_or_a_digest_and_dry_run_frees_nothing(app, redi
     assert enqueue_outcome(module.settle_payment.send("evt_123")).status == "enqueued"
 
     line = assert_error(cli("--url", redis_url, "unlock", report, "--message-id", "nobody"), RET_NOT_FOUND)
-    assert "Message 'nobody' holds no place" in line
+    assert "Message 'nobody' holds none of the locks of digest" in line
 
 
 def test_unlock_leaves_a_lock_with_a_line_to_the_command_with_the_app(app, redis_url, redis_client):
@@ -280,6 +301,9 @@ def test_unlock_leaves_a_lock_with_a_line_to_the_command_with_the_app(app, redis
     second = module.export_orders.send("2026-12-04", 2)
     assert enqueue_outcome(second).status == "waiting"
     export = digest(first)
+    # Issue 34, point 4: "1 message wait in its line".
+    explained = ok(cli("explain", "tests.cli_app:export_orders", '["2026-12-04", 3]', env={"CLI_APP_URL": redis_url}))
+    assert explained.splitlines()[-1].endswith("(strategy 'wait'); 1 message waits in its line.")
     line = assert_error(cli("--url", redis_url, "unlock", export), RET_LINE)
     assert "has 1 message(s) waiting in its line, and was left held" in line and "--app" in line
     (held,) = json.loads(ok(cli("--url", redis_url, "show", export, "--json")))
@@ -287,7 +311,7 @@ def test_unlock_leaves_a_lock_with_a_line_to_the_command_with_the_app(app, redis
     assert held["waiting"] == [second.message_id]
 
     out = ok(cli("--app", "tests.cli_app", "unlock", export))
-    assert out.splitlines()[0] == f"Freed 1 place in 1 lock of digest {export!r}:"
+    assert out.splitlines()[0] == f"Unlocked 1 holder in 1 lock of digest {export!r}:"
     # The command enqueued the message it handed the place: a worker runs both, and the job is
     # free again afterwards.
     environment = {k: v for k, v in os.environ.items() if k not in URL_VARIABLES}
@@ -314,18 +338,18 @@ def test_unlock_all_of_an_actor_asks_for_confirmation(app, redis_url):
     refused = cli("--url", redis_url, "unlock", "--actor", "build_report", "--all", stdin="n\n")
     assert refused.returncode == RET_ABORTED
     assert (
-        refused.stderr == "Free 2 places in 1 lock of actor 'build_report'? Their messages are not stopped, "
+        refused.stderr == "Unlock 2 holders in 1 lock of actor 'build_report'? Their messages are not stopped, "
         "and duplicates of them can be sent then. [y/N] \n"
     )
-    assert refused.stdout == "Nothing was freed.\n"
+    assert refused.stdout == "Nothing was unlocked.\n"
     assert cli("--url", redis_url, "unlock", "--actor", "build_report", "--all").returncode == RET_ABORTED  # no answer
     dry = ok(cli("--url", redis_url, "unlock", "--actor", "build_report", "--all", "--dry-run"))
-    assert dry.startswith("Would free 2 places in 1 lock of actor 'build_report':")
+    assert dry.startswith("Would unlock 2 holders in 1 lock of actor 'build_report':")
     assert len(held()[0]["holders"]) == 2
 
     confirmed = cli("--url", redis_url, "unlock", "--actor", "build_report", "--all", stdin="y\n")
     assert confirmed.returncode == RET_OK
-    assert confirmed.stdout.startswith("Freed 2 places in 1 lock of actor 'build_report':")
+    assert confirmed.stdout.startswith("Unlocked 2 holders in 1 lock of actor 'build_report':")
     assert held() == []
 
     yes = cli("--url", redis_url, "unlock", "--actor", "settle_payment", "--all", "--yes")
@@ -354,7 +378,7 @@ def test_reap_releases_the_run_locks_of_dead_workers(redis_client, redis_url):
     }
     out = ok(cli("--url", redis_url, "reap", "--max-passes", "1")).splitlines()
     assert re.fullmatch(
-        r"The orphan reaper inspected 0 lock places in 1 pass \(a full cycle\) in \d+\.\d\ds and released 0: "
+        r"The orphan reaper inspected 0 holders of locks in 1 pass \(a full cycle\) in \d+\.\d\ds and released 0: "
         r"0 of dead workers, 0 of messages that no longer exist\.",
         out[0],
     )
@@ -473,12 +497,22 @@ def test_the_cli_on_a_redis_cluster_sees_every_master(redis_cluster, cluster_cli
     assert sorted(h["message_id"] for lock in listed for h in lock["holders"]) == sorted(m.message_id for m in sent)
     assert len(listed) == 12
 
+    # The first line says it reads a cluster, by its masters' addresses.
+    first = ok(cli("--url", url, "list")).splitlines()[0]
+    assert re.fullmatch(
+        r"Locks on Redis Cluster of \d masters \(127\.0\.0\.1:\d+(, 127\.0\.0\.1:\d+)+\) under prefix "
+        r"'dramatiq-unique':",
+        first,
+    ), first
+
     zero = digest(sent[0])
     assert len(json.loads(ok(cli("--url", url, "show", zero, "--json")))[0]["holders"]) == 2
+    # A digest prefix is looked up on every master.
+    assert len(json.loads(ok(cli("--url", url, "show", zero[:6], "--json")))[0]["holders"]) == 2
     ok(cli("--url", url, "unlock", zero, "--message-id", sent[0].message_id))
     assert enqueue_outcome(settle.send(0)).status == "enqueued"
     assert ok(cli("--url", url, "unlock", "--actor", "settle", "--all", "--yes")).startswith(
-        "Freed 13 places in 12 locks of actor 'settle':"
+        "Unlocked 13 holders in 12 locks of actor 'settle':"
     )
     assert json.loads(ok(cli("--url", url, "list", "--json"))) == []
 
@@ -516,7 +550,7 @@ def test_unlock_all_with_stdin_closed_is_not_confirmed(app, redis_url):
         timeout=60,
     )
     assert result.returncode == RET_ABORTED, result.stderr
-    assert result.stdout == "Nothing was freed.\n"
+    assert result.stdout == "Nothing was unlocked.\n"
     assert "Traceback" not in result.stderr
     assert len(json.loads(ok(cli("--url", redis_url, "list", "--actor", "build_report", "--json")))[0]["holders"]) == 2
 
@@ -554,3 +588,227 @@ def test_an_app_whose_unique_jobs_has_no_lock_store_is_told_what_to_set(tmp_path
         'environment variable to a Redis URL; or, in a Django project, set DRAMATIQ_UNIQUE = {"BACKEND_OPTIONS": '
         '{"url": "redis://..."}} in its settings; or pass UniqueJobs(backend=RedisBackend(url=...)).'
     )
+
+
+#: A holder whose every field is long: the table must still fit.
+LONG_ACTOR = "reindex_every_search_document_of_one_tenant"
+LONG_WORKER = "worker-host-with-a-long-name.internal.example.com:123456:abcdef12"
+
+
+def hold_long_locks(redis_client) -> dict[str, str]:
+    """A run lock of a running holder and an enqueue lock with a lifetime, of long names and ids."""
+    backend = RedisBackend(client=redis_client)
+    run_digest, enqueue_digest = "Lng0" + "r" * 18, "Lng1" + "e" * 18
+    run_id, enqueue_id = str(uuid.uuid4()), str(uuid.uuid4())
+    queue, lock = "search_indexing_of_every_tenant", "until_and_while_executing"
+    running = Holder(run_id, LONG_ACTOR, queue, lock, "running", worker_id=LONG_WORKER)
+    queued = Holder(enqueue_id, LONG_ACTOR, queue, lock, "queued")
+    assert backend.acquire(f"dramatiq-unique:{{{run_digest}}}:run", "t1", limit=1, ttl=600_000, holder=running).acquired
+    assert backend.acquire(f"dramatiq-unique:{{{enqueue_digest}}}", "t2", limit=1, ttl=900_000, holder=queued).acquired
+    return {"run": run_digest, "enqueue": enqueue_digest, "run_id": run_id, "enqueue_id": enqueue_id}
+
+
+def test_list_fits_100_columns_unless_columns_says_otherwise_and_wide_prints_everything(redis_client, redis_url):
+    # Issue 34, point 1: rows were 193 columns wide, whatever the terminal.
+    held = hold_long_locks(redis_client)
+    out = ok(cli("--url", redis_url, "list"))
+    assert max(map(len, out.splitlines())) <= 100, out
+    assert held["run"][:12] in out and held["run"] not in out  # a digest's first 12 characters
+    assert held["run_id"][:8] in out and held["run_id"] not in out
+    assert LONG_ACTOR not in out and LONG_ACTOR[:10] in out  # cut to fit, with an ellipsis
+    rows = {line.split()[0]: line for line in out.splitlines()[2:-2]}
+    # The run lock shows its lease and no lifetime; the enqueue lock its lifetime and no lease.
+    assert re.search(r"running\s+\d+(ms|s)\s+(9|10)m \d\ds\s+-", rows[held["run"][:12]])
+    assert re.search(r"queued\s+\d+(ms|s)\s+-\s+1[45]m \d\ds", rows[held["enqueue"][:12]])
+
+    wide = ok(cli("--url", redis_url, "list", "--wide"))
+    for whole in (
+        held["run"],
+        held["run_id"],
+        held["enqueue_id"],
+        LONG_ACTOR,
+        LONG_WORKER,
+        "until_and_while_executing",
+    ):
+        assert whole in wide
+    assert max(map(len, wide.splitlines())) > 140
+
+    for columns in (80, 140):
+        fitted = ok(cli("--url", redis_url, "list", env={"COLUMNS": str(columns)}))
+        assert max(map(len, fitted.splitlines())) <= columns, fitted
+    # A wider terminal shows more: here the worker's host and pid.
+    assert "WORKER" in ok(cli("--url", redis_url, "list", env={"COLUMNS": "140"})).splitlines()[1]
+    assert "WORKER" not in out.splitlines()[1]
+    # show and unlock --dry-run fit too.
+    for command in (["show", held["run"]], ["unlock", "--dry-run", held["run"]]):
+        shown = ok(cli("--url", redis_url, *command))
+        assert max(map(len, shown.splitlines())) <= 100, shown
+        assert held["run_id"][:8] in shown and LONG_WORKER not in shown
+
+
+def test_list_fits_the_width_of_the_terminal_it_prints_on(redis_client, redis_url):
+    # As ls and git do: on a terminal, its width; COLUMNS is left out here.
+    hold_long_locks(redis_client)
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 132, 0, 0))
+    environment = {k: v for k, v in os.environ.items() if k not in (*URL_VARIABLES, "COLUMNS", "LINES")}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "dramatiq_unique", "--url", redis_url, "list"],
+            cwd=ROOT,
+            env=environment,
+            stdout=secondary,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    finally:
+        os.close(secondary)
+    printed = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO: the terminal's other side is closed and everything was read
+            break
+        if not chunk:
+            break
+        printed += chunk
+    os.close(primary)
+    assert result.returncode == RET_OK, result.stderr
+    lines = printed.decode().replace("\r\n", "\n").splitlines()
+    assert 100 < max(map(len, lines)) <= 132, lines
+
+
+def test_call_column_takes_the_width_left_and_is_cut_to_it():
+    # The holder's call, when a lock or the broker tells it, fills what the other columns leave.
+    record = LockRecord("dramatiq-unique:{" + "C" * 22 + "}", "o", "", None, 1, 0, {})
+    call = "reindex('acme', " + ", ".join(str(n) for n in range(60)) + ")"
+    holder = HolderInfo(
+        message_id=str(uuid.uuid4()),
+        state="queued",
+        worker_id=None,
+        acquired_at=0,
+        expires_at=None,
+        token=1,
+        actor="reindex",
+        queue="default",
+        lock="until_executed",
+        place=record,
+        call=call,
+    )
+    lock = LockInfo(
+        digest="C" * 22, kind="enqueue", prefix="dramatiq-unique", key=record.key, holders=(holder,), read_at=5000
+    )
+    header, row = lock_table([lock], width=100)
+    assert header.endswith("CALL") and len(row) == 100 and row.endswith("…")
+    assert row[header.index("CALL") :].startswith("reindex('acme', 0, 1, 2, 3")
+    assert lock_table([lock], width=None)[1].endswith(call)  # --wide
+    short = replace(holder, call="reindex('acme', 200)")
+    header, row = lock_table([replace(lock, holders=(short,))], width=100)
+    assert row.endswith("reindex('acme', 200)") and len(row) <= 100
+    # A short call leaves the other columns more room than a long one does.
+    assert "WORKER" in header and "WORKER" not in lock_table([lock], width=100)[0]
+    # No room for a call worth reading: the other columns keep theirs.
+    assert "CALL" not in lock_table([lock], width=70)[0]
+
+
+def test_show_and_unlock_take_a_unique_digest_prefix(app, redis_client, redis_url):
+    # Issue 34, point 2: as git takes a unique prefix of a commit id.
+    module, sent = app
+    report = digest(sent["report_a"])
+    (shown,) = json.loads(ok(cli("--url", redis_url, "show", report[:6], "--json")))
+    assert shown["digest"] == report and len(shown["holders"]) == 2
+    # Under an actor's own prefix too.
+    invoice = digest(sent["invoice"])
+    assert json.loads(ok(cli("--app", "tests.cli_app", "show", invoice[:5], "--json")))[0]["digest"] == invoice
+
+    # Ambiguous: the error names each candidate, its actor, and what to do.
+    backend = RedisBackend(client=redis_client)
+    twins = ["Ab-_" + "x" * 18, "Ab-_" + "y" * 18]
+    for n, twin in enumerate(twins):
+        holder = Holder(f"m{n}", "build_report", "reports", "until_executed", "queued")
+        assert backend.acquire(f"dramatiq-unique:{{{twin}}}", f"o{n}", limit=2, ttl=None, holder=holder).acquired
+    server = f"Redis {redis_url.removeprefix('redis://')}"
+    for command in (["show"], ["unlock"], ["unlock", "--dry-run"]):
+        line = assert_error(cli("--url", redis_url, *command, "Ab-_"), RET_USAGE)
+        assert line == (
+            f"dramatiq-unique: error: The digest prefix 'Ab-_' is ambiguous: 2 held locks on {server} under prefix "
+            f"'dramatiq-unique' start with it: {twins[0]} (actor build_report); {twins[1]} (actor build_report). "
+            "Give more characters."
+        )
+    assert len(json.loads(ok(cli("--url", redis_url, "list", "--json")))) == 5  # nothing was unlocked
+
+    line = assert_error(cli("--url", redis_url, "show", "Zz9-q"), RET_NOT_FOUND)
+    assert line == (
+        f"dramatiq-unique: error: No lock whose digest starts with 'Zz9-q' is held on {server} under prefix "
+        "'dramatiq-unique' (a digest has 22 characters)."
+    )
+    line = assert_error(cli("--url", redis_url, "show", "Ab-"), RET_USAGE)
+    assert "'Ab-' is too short a digest prefix: give at least 4 characters" in line
+
+    # unlock by a prefix, and --message-id by the first characters a table shows.
+    out = ok(cli("--url", redis_url, "unlock", report[:6], "--message-id", sent["report_a"].message_id[:8]))
+    assert out.splitlines()[0] == f"Unlocked 1 holder in 1 lock of digest {report!r}:"
+    (left,) = json.loads(ok(cli("--url", redis_url, "show", report, "--json")))
+    assert [h["message_id"] for h in left["holders"]] == [sent["report_b"].message_id]
+    assert ok(cli("--url", redis_url, "unlock", "Ab-_x")).startswith(
+        f"Unlocked 1 holder in 1 lock of digest '{twins[0]}'"
+    )
+
+
+def test_unlock_of_a_running_holder_asks_first(app, redis_url):
+    # Issue 34, point 6: it freed a running holder without a question, and another copy could run.
+    module, sent = app
+    (sync,) = json.loads(ok(cli("--url", redis_url, "list", "--state", "running", "--json")))
+    (holder,) = sync["holders"]
+    asked = cli("--url", redis_url, "unlock", sync["digest"], stdin="n\n")
+    assert asked.returncode == RET_ABORTED and asked.stdout == "Nothing was unlocked.\n"
+    assert asked.stderr == (
+        f"Unlock 1 holder in 1 lock of digest {sync['digest']!r}? Message {holder['message_id']!r} on worker "
+        f"{holder['worker_id']!r} is running: it is not stopped, and a duplicate of it can be sent and start "
+        "beside it. [y/N] \n"
+    )
+    assert cli("--url", redis_url, "unlock", sync["digest"]).returncode == RET_ABORTED  # no answer
+    closed = subprocess.run(
+        f"exec {sys.executable} -m dramatiq_unique --url {redis_url} unlock {sync['digest']} <&-",
+        shell=True,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in URL_VARIABLES},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert closed.returncode == RET_ABORTED and closed.stdout == "Nothing was unlocked.\n"
+    assert json.loads(ok(cli("--url", redis_url, "show", sync["digest"], "--json")))[0]["holders"] == [holder]
+    # A queued holder is unlocked without a question, as before.
+    ok(cli("--url", redis_url, "unlock", digest(sent["settle"]), stdin=""))
+    # --force (or --yes) skips the question.
+    forced = cli("--url", redis_url, "unlock", sync["digest"], "--force")
+    assert forced.returncode == RET_OK and forced.stderr == ""
+    assert forced.stdout.startswith(f"Unlocked 1 holder in 1 lock of digest {sync['digest']!r}:")
+    help_text = " ".join(ok(cli("unlock", "--help")).split())
+    assert (
+        "--yes, --force do not ask before unlocking every holder of an actor (--all) or a running holder, whose "
+        "message goes on running while a duplicate can start" in help_text
+    )
+
+
+def test_list_and_explain_name_the_server_and_prefixes_they_read_first(app, redis_client, redis_url):
+    # Issue 34, point 10: pointed at the wrong Redis, they answered "free" with confidence.
+    module, sent = app
+    password = "s3cr3t-pw-of-ops"
+    redis_client.execute_command("ACL", "SETUSER", "ops", "on", f">{password}", "~*", "&*", "+@all")
+    try:
+        host = redis_url.removeprefix("redis://").removesuffix("/0")
+        url = f"redis://ops:{password}@{host}/0"
+        listed = cli("--url", url, "list")
+        assert listed.stdout.splitlines()[0] == (f"Locks on Redis {host}/0 under prefix 'dramatiq-unique':")
+        explained = cli("--url", url, "explain", "tests.cli_app:settle_payment", '["evt_9"]', env={"CLI_APP_URL": url})
+        assert explained.stdout.splitlines()[0] == f"locks on   Redis {host}/0 under prefix 'dramatiq-unique'"
+        for result in (listed, explained):
+            assert result.returncode == RET_OK, result.stderr
+            assert password not in result.stdout + result.stderr and "ops" not in result.stdout
+        # Another database of the same server: the first line tells it apart.
+        empty = ok(cli("--url", f"redis://{host}/5", "list"))
+        assert empty == f"No locks are held on Redis {host}/5 under prefix 'dramatiq-unique'.\n"
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", "ops")

@@ -84,7 +84,7 @@ def test_one_reaper_run_frees_every_orphan_past_a_place_it_cannot_read(redis_cli
     assert redis_client.get(key) == (line if isinstance(line, bytes) else line.encode())  # as it was
     (warning,) = reaper_warnings(caplog)
     assert warning.startswith(
-        f"The orphan reaper left 1 lock places it cannot read as they are: in {key!r}, the place of {owner!r} holds "
+        f"The orphan reaper left 1 lock record it cannot read untouched: in {key!r}, the place of {owner!r} holds "
     )
     assert "not a record of this version" in warning
 
@@ -122,7 +122,7 @@ def test_locks_list_and_get_leave_out_a_place_they_cannot_read(redis_client, cap
     assert [h.message_id for lock in locks.get(FOREIGN) for h in lock.holders] == ["readable"]
     assert locks.unreadable == {key: {owner: reason}}
     warnings = [r.getMessage() for r in caplog.records if r.name.startswith("dramatiq_unique")]
-    assert warnings == [f"A place in lock {key!r} is left out: {reason}."]  # once
+    assert warnings == [f"A record in lock {key!r} is left out: {reason}."]  # once
 
 
 def test_the_command_lists_and_shows_past_a_place_it_cannot_read(redis_client, redis_url):
@@ -131,15 +131,15 @@ def test_the_command_lists_and_shows_past_a_place_it_cannot_read(redis_client, r
     listed = cli("--url", redis_url, "list")
     assert listed.returncode == 0 and "Traceback" not in listed.stderr
     assert "readable" in listed.stdout
-    assert f"A place in lock {key!r} is left out: the place of 'A' holds 'junk'" in listed.stderr
+    assert f"A record in lock {key!r} is left out: the place of 'A' holds 'junk'" in listed.stderr
     shown = cli("--url", redis_url, "show", FOREIGN)
     assert shown.returncode == 0, shown.stderr
     assert "readable" in shown.stdout
-    assert f"Lock {key!r} holds 1 place this version cannot read:" in shown.stdout
+    assert f"Lock {key!r} holds 1 record this version cannot read:" in shown.stdout
     redis_client.set(key, "A|junk")  # only the foreign line is left
     alone = cli("--url", redis_url, "show", FOREIGN)
     assert alone.returncode == 0, alone.stderr
-    assert f"Lock {key!r} holds 1 place this version cannot read:" in alone.stdout
+    assert f"Lock {key!r} holds 1 record this version cannot read:" in alone.stdout
 
 
 @pytest.mark.parametrize(("line", "owner"), FOREIGN_LINES, ids=FOREIGN_IDS)
@@ -151,7 +151,7 @@ def test_the_web_page_shows_the_locks_and_says_what_it_cannot_read(redis_client,
         answer = page.get(path)
         assert answer.status == 200
         assert "readable" in answer.text
-        assert "Places this version cannot read are left out" in answer.text and key in answer.text
+        assert "Records this version cannot read are left out" in answer.text and key in answer.text
 
 
 @pytest.mark.parametrize("line", ["bytes", "another type"])
@@ -185,7 +185,7 @@ def test_explain_and_unlock_say_a_lock_holds_only_a_place_they_cannot_read(redis
         report.send("2026-12-04")
     unlocked = cli("--url", redis_url, "unlock", digest, "--yes")
     assert unlocked.returncode == RET_NOT_FOUND
-    assert f"The locks of digest {digest!r} hold only places this version cannot read: in {key!r}" in unlocked.stderr
+    assert f"The locks of digest {digest!r} hold only records this version cannot read: in {key!r}" in unlocked.stderr
 
 
 def plant_other_type(client, key: str, kind: str) -> None:

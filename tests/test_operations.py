@@ -9,6 +9,7 @@ import time
 import pytest
 
 from dramatiq_unique import InvalidLockOptions, LockArgumentsError, Locks, enqueue_outcome
+from dramatiq_unique.backends import Holder
 from dramatiq_unique.web import make_wsgi_app
 
 from .support import Gate, declare_small_app, run_sync_worker, wait_for
@@ -126,9 +127,9 @@ def test_explain_says_what_a_new_send_would_meet(app):
     assert explained.digest == digest_of(sent["settle"])
     assert explained.lock_args == ["evt_1"]
     assert explained.on_send.startswith(
-        f"A new send would be dropped as a duplicate of message {sent['settle'].message_id!r} (queued, taken "
+        f"A new send would be dropped as a duplicate of message {sent['settle'].message_id!r} (queued, held for "
     )
-    assert explained.on_send.endswith("never lapses) (strategy 'log').")
+    assert explained.on_send.endswith("never expires) (strategy 'log').")
     assert explained.on_start is None
     # What it said is what a send does.
     again = actors["settle"].send("evt_1", {"amount": 999})
@@ -154,7 +155,7 @@ def test_explain_says_what_a_new_send_would_meet(app):
     actors["report"].send("2024-01-02")
     assert (
         locks.explain(actors["report"], "2024-01-02").on_send
-        == "A new send would take a free place in the enqueue lock (1 of 2 taken)."
+        == "A new send would take a free slot of the enqueue lock (1 of 2 taken)."
     )
 
     assert locks.explain(actors["invoice"], 7).prefix == "billing"
@@ -369,3 +370,33 @@ def test_a_prefix_no_actor_may_declare_is_refused(env, prefix, problem):
         with pytest.raises(InvalidLockOptions) as raised:
             build()
         assert str(raised.value) == f"Locks has an invalid lock prefix {prefix!r}: {problem}"
+
+
+def test_resolve_finds_the_digests_that_start_with_a_prefix_and_reads_no_other_lock(app):
+    # Issue 34, point 2: a digest is taken by a unique prefix of it, as git takes one of a commit id.
+    env, _, sent, _ = app
+    locks = Locks.from_middleware(env.middleware, batch=2)
+    settle, invoice = digest_of(sent["settle"]), digest_of(sent["invoice"])
+    assert locks.resolve(settle[:6]) == (settle,)
+    assert locks.resolve(invoice[:5]) == (invoice,)  # under the actor's own prefix
+    assert locks.resolve(settle) == (settle,)  # a whole digest is its own prefix
+    # Two held digests that start alike: both are answered, sorted.
+    holder = Holder("m-x", "settle", "payments", "until_executed", "queued")
+    twins = ["Ab-_" + "x" * 18, "Ab-_" + "y" * 18]
+    for n, twin in enumerate(twins):
+        assert env.backend.acquire(f"dramatiq-unique:{{{twin}}}", f"o{n}", limit=1, ttl=None, holder=holder).acquired
+    assert locks.resolve("Ab-_") == tuple(twins)
+    assert locks.resolve("Ab-_x") == (twins[0],)
+    assert locks.resolve("Zz9-") == ()
+    # The backend is asked for the keys of those digests only, in every scan step.
+    cursor, seen = "0", set()
+    while True:
+        cursor, records = env.backend.scan("dramatiq-unique", cursor, 2, digest_start="Ab-_")
+        seen |= {record.key for record in records}
+        if cursor == "0":
+            break
+    assert seen == {f"dramatiq-unique:{{{twin}}}" for twin in twins}
+    with pytest.raises(ValueError, match="'Ab-' is too short a digest prefix: give at least 4 characters"):
+        locks.resolve("Ab-")
+    with pytest.raises(ValueError, match="is not a digest"):
+        locks.resolve("Ab-_}")

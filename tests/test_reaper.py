@@ -293,7 +293,7 @@ def test_the_reaper_actor_logs_its_report_and_returns_it_only_where_results_are_
     assert not [r for r in caplog.records if "returned a value" in r.getMessage()]
     reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("The orphan reaper inspected")]
     assert reports == [
-        "The orphan reaper inspected 0 lock places in 1 passes and released 0: 0 of dead workers, "
+        "The orphan reaper inspected 0 holders of locks in 1 pass and released 0: 0 of dead workers, "
         "0 of messages that no longer exist."
     ]
     if results:

@@ -70,7 +70,7 @@ def test_periodiq_schedules_the_reaper_declared_with_its_periodic_option(periodi
     # Periodiq's middleware saw a scheduled message, and the reaper released the dead worker's lock.
     assert any(line.startswith("Processing ") and "scheduled at" in line for line in lines), lines
     assert (
-        "The orphan reaper inspected 1 lock places in 1 passes and released 1: 1 of dead workers, "
+        "The orphan reaper inspected 1 holder of locks in 1 pass and released 1: 1 of dead workers, "
         "0 of messages that no longer exist." in lines
     )
 

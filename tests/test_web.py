@@ -77,7 +77,7 @@ def test_locks_page_shows_every_held_lock_with_its_holders(app):
     env, _, sent = app
     page = client(env).get("/")
     assert page.status == 200
-    rows = {(row[1], row[2]): row for row in page.rows if len(row) == 11}
+    rows = {(row[1], row[2]): row for row in page.rows if len(row) == 12}
     assert set(rows) - {("enqueue", "report")} == {
         ("enqueue", "settle"),
         ("enqueue", "invoice"),
@@ -86,14 +86,14 @@ def test_locks_page_shows_every_held_lock_with_its_holders(app):
     }
     # The lapsed lock of remind is free: not listed.
     assert "remind" not in page.text
-    # Digest, kind, actor, queue, lock type, message, state, age, TTL left, worker, token.
+    # Digest, kind, actor, queue, lock type, message, state, held for, lease, expires in, worker, token.
     settle = rows["enqueue", "settle"]
     assert settle[0] == digest(sent["settle"])[:12] + "…"
     assert settle[3:7] == ["payments", "until_executed", sent["settle"].message_id, "queued"]
-    assert (settle[8], settle[9], settle[10]) == ("never lapses", "–", str(enqueue_outcome(sent["settle"]).token))
+    assert settle[8:12] == ["–", "never", "–", str(enqueue_outcome(sent["settle"]).token)]
     run = rows["run", "sync"]
     assert run[5:7] == [sent["sync"].message_id, "running"]
-    assert run[9] == env.middleware.liveness.worker_id and run[8].endswith("s")  # a lease
+    assert run[10] == env.middleware.liveness.worker_id and run[8].endswith("s") and run[9] == "–"  # a lease
     reports = [row for row in page.rows if row[2] == "report"]
     assert sorted(row[5] for row in reports) == sorted([sent["report_a"].message_id, sent["report_b"].message_id])
     assert rows["enqueue", "invoice"][3] == "payments"  # under the actor's own prefix "billing"
@@ -154,7 +154,7 @@ def test_lock_page_shows_the_record_its_holders_and_what_explain_says(app):
 
     # The message leaves the broker (acked elsewhere, lost): the page tells, as the orphan reaper would.
     env.broker.client.hdel(f"{env.broker.namespace}:payments.msgs", sent["settle"].options["redis_message_id"])
-    assert c.get(f"/locks/{digest(sent['settle'])}").rows[0][11] == "no: the orphan reaper frees this place"
+    assert c.get(f"/locks/{digest(sent['settle'])}").rows[0][11] == "no: the orphan reaper unlocks this holder"
 
     sync = c.get(f"/locks/{next(lock.digest for lock in Locks(env.backend).list(actor='sync'))}")
     (running,) = sync.rows
@@ -246,7 +246,7 @@ def test_unlock_is_refused_unless_allowed_authorized_and_sent_with_the_csrf_toke
 
     # With everything right, it is freed.
     freed = allowed.post("/unlock", {**form, "csrf": token}, Origin="http://ops.example.com")
-    assert freed.status == 200 and "Freed 1 place(s) in 1 lock(s)" in freed.text
+    assert freed.status == 200 and "Unlocked 1 holder in 1 lock:" in freed.text
     assert freed.rows[0][5] == sent["settle"].message_id
     assert Locks(env.backend).get(settle) == ()
 
@@ -263,7 +263,7 @@ def test_a_secret_given_as_text_is_the_key_of_the_tokens_and_one_of_no_use_is_re
     second = client(env, allow_unlock=True, secret="locks-page-sécret")
     second.cookies = dict(first.cookies)
     freed = second.post("/unlock", {"digest": settle, "csrf": token})
-    assert freed.status == 200 and "Freed 1 place(s) in 1 lock(s)" in freed.text
+    assert freed.status == 200 and "Unlocked 1 holder in 1 lock:" in freed.text
     assert env.is_free(settle)
 
     for secret, error, text in [
@@ -295,17 +295,17 @@ def test_unlock_one_holder_one_lock_and_all_of_an_actor_answers_with_what_it_fre
     assert all(f.action == ROOT + "/unlock" and len(f.fields["csrf"]) == 64 for f in page.post_forms)
 
     one = c.submit(holder_forms[0])
-    assert "Freed 1 place(s) in 1 lock(s)" in one.text and one.rows[0][5] == sent["report_a"].message_id
+    assert "Unlocked 1 holder in 1 lock:" in one.text and one.rows[0][5] == sent["report_a"].message_id
     assert [row[0] for row in c.get(f"/locks/{report}").rows] == [sent["report_b"].message_id]
     # The same form again frees nothing, and says so.
-    assert "Nothing was freed" in c.submit(holder_forms[0]).text
+    assert "Nothing was unlocked" in c.submit(holder_forms[0]).text
 
     (lock_form,) = [f for f in c.get(f"/locks/{digest(sent['invoice'])}").post_forms if "unlock-lock" in f.buttons]
     whole = c.submit(lock_form)
     assert whole.rows[0][2] == "invoice" and c.get(f"/locks/{digest(sent['invoice'])}").status == 404
 
     (actor_form,) = [f for f in c.get("/", actor="report").post_forms if "unlock-actor" in f.buttons]
-    assert "Freed 1 place(s) in 1 lock(s)" in c.submit(actor_form).text
+    assert "Unlocked 1 holder in 1 lock:" in c.submit(actor_form).text
     assert c.get("/", actor="report").rows == []
     assert env.is_free(report)
 
@@ -321,7 +321,7 @@ def test_unlock_this_holder_frees_a_holder_whose_message_id_is_empty_and_no_othe
     holder_forms = [f for f in c.get("/locks/" + "e" * 64).post_forms if "unlock-holder" in f.buttons]
     (empty,) = [f for f in holder_forms if f.fields["message_id"] == ""]
     freed = c.submit(empty)
-    assert "Freed 1 place(s) in 1 lock(s)" in freed.text
+    assert "Unlocked 1 holder in 1 lock:" in freed.text
     assert [h.message_id for lock in Locks(backend).get("e" * 64) for h in lock.holders] == ["keep-me"]
 
 
@@ -609,7 +609,7 @@ def test_the_page_of_a_redis_cluster_url_shows_the_locks_of_every_master(redis_c
     assert [row[0] for row in c.get("/workers").rows] == ["far-host:1:0000"]
     (unlock_lock,) = [f for f in one.post_forms if "unlock-lock" in f.buttons]
     freed = c.submit(unlock_lock)
-    assert freed.status == 200 and "Freed 1 place(s) in 1 lock(s)" in freed.text
+    assert freed.status == 200 and "Unlocked 1 holder in 1 lock:" in freed.text
     assert enqueue_outcome(settle.send(3)).enqueued
     backend.client.close()
 

@@ -743,7 +743,7 @@ class LockBackend(abc.ABC):
     # The orphan reaper ----------------------------------------------------------
 
     @abc.abstractmethod
-    def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
+    def scan(self, prefix: str, cursor: str, count: int, *, digest_start: str = "") -> tuple[str, list[LockRecord]]:
         """One bounded step through the locks under ``prefix``: the
         enqueue and run locks, not the other keys of a digest.
 
@@ -751,6 +751,8 @@ class LockBackend(abc.ABC):
           prefix(str): The lock prefix.
           cursor(str): ``"0"`` to start, else what the previous step returned.
           count(int): About how many keys to look at in this step.
+          digest_start(str): Only the locks whose digest starts with this (all when empty): a
+            backend that can filter keys where they are stored reads no other lock.
 
         Returns:
           tuple: The cursor of the next step (``"0"`` when every lock was

@@ -495,10 +495,11 @@ class RedisBackend(LockBackend):
         which = ["worker", worker_id] if worker_id is not None else ["before", before]
         return int(self._call("forget_workers", [key, in_hand_key(key)], which))
 
-    def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
-        # A glob character in the prefix is escaped. SCAN costs O(count) per step.
+    def scan(self, prefix: str, cursor: str, count: int, *, digest_start: str = "") -> tuple[str, list[LockRecord]]:
+        # A glob character in the prefix is escaped. SCAN costs O(count) per step; MATCH filters
+        # on the server, so a key of another digest costs neither a reply nor a GET.
         # Only hashes are listed: a digest's other keys (the replaced set) are no locks.
-        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in digest_keys_start(prefix)) + "*"
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in digest_keys_start(prefix) + digest_start) + "*"
         try:
             if _is_cluster(self.client):
                 next_cursor, keys = self._scan_cluster(cursor, pattern, count)

@@ -375,11 +375,11 @@ class StubBackend(LockBackend):
                 published.pop(worker_id, None)
             return len(gone)
 
-    def scan(self, prefix: str, cursor: str, count: int) -> tuple[str, list[LockRecord]]:
+    def scan(self, prefix: str, cursor: str, count: int, *, digest_start: str = "") -> tuple[str, list[LockRecord]]:
         # The cursor is the last key seen, so a step resumes after it whatever changed meanwhile.
         with self._mutex:
             after = "" if cursor == "0" else cursor[2:]
-            start = digest_keys_start(prefix)
+            start = digest_keys_start(prefix) + digest_start
             keys = sorted(k for k in self._locks if k.startswith(start) and lock_kind(k) and k > after)[:count]
             # As on Redis, a lapsed place is found until an operation on its lock drops it, while
             # its lock lasts: until its longest-lived place lapses (LINE_RETENTION later while

@@ -18,7 +18,7 @@ class Wait(Reject):
     # A duplicate that cannot wait (the line is full) is dealt with as reject deals with one.
 
     def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
-        return "wait in line, to be enqueued when a place frees up (the dead-letter queue when the line is full)"
+        return "wait in line, to be enqueued when a slot frees up (the dead-letter queue when the line is full)"
 
 
 class KeepLatest(Wait):
@@ -32,4 +32,4 @@ class KeepLatest(Wait):
     keeps_latest = True
 
     def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
-        return "wait as the one successor, to be enqueued when a place frees up (a newer one takes its place)"
+        return "wait as the one successor, to be enqueued when a slot frees up (a newer one replaces it)"

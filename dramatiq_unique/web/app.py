@@ -28,7 +28,7 @@ from ..held import STATES
 from ..links import EXTRAS
 from ..operations import Locks, unique_jobs_of
 from ..options import DEFAULT_LOCK_PREFIX
-from ..presentation import age, format_duration, format_time, holder_phrase, ttl, where_phrase
+from ..presentation import age, expires, format_duration, format_time, holder_phrase, lease, where_phrase
 from .security import SECURITY_HEADERS, Csrf, mount_path
 
 try:
@@ -363,7 +363,8 @@ class LocksWebApp:
             csrf_token=token,
             prefixes=self.locks.prefixes,
             age=age,
-            ttl_left=functools.partial(ttl, never="never lapses"),
+            lease_left=functools.partial(lease, none="–"),
+            expires_in=functools.partial(expires, never="never", none="–"),
             when=format_time,
             trail_where=where_phrase,
             trail_holder=functools.partial(holder_phrase, full=True),
