@@ -470,7 +470,7 @@ def test_history_command_filters_by_actor_arguments_and_since(app, redis_url):
     everything = json.loads(ok(cli("--url", redis_url, "history", "--json", "--limit", "10")))
     assert {entry["actor"] for entry in everything} == {"settle_payment", "build_report"}
     assert len(json.loads(ok(cli("--url", redis_url, "history", "--json", "--limit", "1")))) == 1
-    assert ok(cli("--url", redis_url, "history", "ping")).startswith("No conflicts of actor 'ping' under prefix")
+    assert ok(cli("--url", redis_url, "history", "ping")).startswith("No conflicts of actor 'ping' on Redis ")
 
 
 def test_history_command_refuses_bad_input(redis_url):
