@@ -27,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from dramatiq_unique import Locks, RedisBackend, StubBackend
 from dramatiq_unique.backends import Acquisition, Holder, Lease, LockBackend, LockRecord, Waiter
+from dramatiq_unique.backends.base import LAPSED
 from dramatiq_unique.digest import compute_digest
 from dramatiq_unique.errors import LineNeedsBroker, LockBackendError, LockStoreHealing
 from dramatiq_unique.held import LockInfo
@@ -588,3 +589,18 @@ def test_a_start_that_fails_leaves_a_lapsed_enqueue_place_for_the_reaper_issue_3
     (lapsed,) = [r for r in scan_prefix(backend, prefix) if r.owner == "X"]
     backend.release_record(enqueue, "X", lapsed.record)
     assert [m.partition(b"\n")[2] for m in handed] == [b"message W"]
+
+
+def test_an_until_executing_start_of_a_message_waiting_without_a_place_takes_it_out_of_the_line(backend):
+    # Found by the model (a run after issue 34's merges): claim.lua's release path took a message
+    # that waited in the enqueue lock's line without a place out of the line, where StubBackend's
+    # claim answered "lapsed" and left it waiting, to be handed a place after it had run.
+    prefix, digest = f"model-{uuid.uuid4().hex[:12]}", new_digest()
+    key = enqueue_key(prefix, digest)
+    for message_id in ("H", "W"):
+        backend.acquire(
+            key, message_id, limit=1, ttl=None, holder=queued(message_id), waiter=waiter(message_id, (1, False))
+        )
+    assert backend.lines([key]) == {key: ("W",)}
+    assert backend.claim(key, "W", replaced_key=None, release=True, holder=running("W")) == LAPSED
+    assert backend.lines([key]) in ({}, {key: ()})

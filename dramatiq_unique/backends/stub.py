@@ -239,6 +239,10 @@ class StubBackend(LockBackend):
         if replaced_key is not None and self._forget_replaced(replaced_key, owner):
             self._release(key, owner, handed)
             return SUPERSEDED
+        if release and not starting:
+            # As on Redis, a start that gives its place up is a release (until_executing): a
+            # message that waited in the line without a place leaves it too.
+            return HELD if self._release(key, owner, handed) else LAPSED
         lock = self._live(key, time.time_ns() // 1_000_000)
         place = lock.places.get(owner)
         if starting and (
@@ -248,10 +252,6 @@ class StubBackend(LockBackend):
         if place is None:
             handed += self._hand_over(key)
             return LAPSED
-        if release and not starting:
-            # As on Redis, a start that gives its place up is a release (until_executing).
-            self._release(key, owner, handed)
-            return HELD
         self._serve(key, owner, starting)
         if release:
             self._release(key, owner, handed)
