@@ -37,6 +37,7 @@ from .options import (
     DEFAULT_LINE_LIMIT,
     DEFAULT_LOCK,
     DEFAULT_LOCK_ARGS_METHOD,
+    DEFAULT_LOCK_INFO,
     DEFAULT_LOCK_LIMIT,
     DEFAULT_LOCK_PREFIX,
     DEFAULT_LOCK_TTL,
@@ -75,7 +76,7 @@ class UniqueJobs(Middleware):
 
         broker.add_middleware(UniqueJobs(backend=RedisBackend(url=...)), before=TimeLimit)
 
-    The keyword arguments from ``lock`` to ``debounce_cap`` are also actor
+    The keyword arguments from ``lock`` to ``lock_info`` are also actor
     options (``@dramatiq.actor(lock=...)``) and, except ``lock_args_method``,
     message options (``send_with_options``); the message's value wins over the
     actor's, which wins over the one given here. Those from ``lease_period`` on
@@ -106,6 +107,10 @@ class UniqueJobs(Middleware):
         :doc:`Options </options>`.
       debounce_cap(int): Milliseconds a series of debounced sends is postponed at most;
         ``None`` for no bound.
+      lock_info(bool|int): Each holder keeps its call in the lock (``reindex('acme', 200)``),
+        for the command line and the web page: ``True`` up to 120 characters, an integer
+        chooses that many (20 to 1000); ``False``, the default, keeps none. See
+        :doc:`Options </options>`.
       lease_period(int): Milliseconds a run lock is held without a renewal: a
         worker renews the run locks of the messages it runs, and a dead
         worker's run locks are free again within this time.
@@ -149,6 +154,7 @@ class UniqueJobs(Middleware):
         line_limit: int = DEFAULT_LINE_LIMIT,
         debounce: int | None = DEFAULT_DEBOUNCE,
         debounce_cap: int | None = DEFAULT_DEBOUNCE_CAP,
+        lock_info: bool | int = DEFAULT_LOCK_INFO,
         lease_period: int = DEFAULT_LEASE_PERIOD,
         heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
         on_backend_error: str = DEFAULT_ON_BACKEND_ERROR,
@@ -186,6 +192,7 @@ class UniqueJobs(Middleware):
             line_limit=line_limit,
             debounce=debounce,
             debounce_cap=debounce_cap,
+            lock_info=lock_info,
         )
         self.configs = ActorConfigs(self.defaults, logger=self.logger)
         warn_if_seconds_like(
