@@ -34,7 +34,7 @@ from .keys import digest_of
 from .middleware import UniqueJobs
 from .operations import Locks, unique_jobs_of
 from .options import DEFAULT_LOCK_PREFIX, prefix_problem
-from .presentation import count, describe_lock, lock_table, places, prefixes_phrase, table
+from .presentation import count, describe_lock, holder_calls, lock_table, places, prefixes_phrase, table
 from .reaper import DEFAULT_BATCH, reap_orphans
 from .version import __version__
 
@@ -282,6 +282,8 @@ def declare_list(subparsers: Subparsers) -> None:
 
 def run_list(context: Context, args: argparse.Namespace) -> int:
     locks = list(context.locks.list(actor=args.actor, state=args.state, limit=args.limit))
+    if context.app is not None:
+        locks = list(context.locks.with_calls(locks, context.app.broker))
     if args.json:
         context.print_json([lock.as_dict() for lock in locks])
         return RET_OK
@@ -304,11 +306,15 @@ def declare_show(subparsers: Subparsers) -> None:
 
 def run_show(context: Context, args: argparse.Namespace) -> int:
     locks = _held(context, args.digest, or_unreadable=True)
+    if context.app is not None:
+        locks = list(context.locks.with_calls(locks, context.app.broker))
     if args.json:
         context.print_json([lock.as_dict() for lock in locks])
         return RET_OK
     for lock in locks:
         for line in describe_lock(lock):
+            context.print(line)
+        for line in holder_calls(lock):
             context.print(line)
     for key, reasons in _unreadable(context, args.digest).items():
         context.print(f"Lock {key!r} holds {count(len(reasons), 'place')} this version cannot read:")

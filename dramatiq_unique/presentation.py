@@ -115,6 +115,11 @@ def describe_lock(lock: LockInfo) -> list[str]:
     return lines
 
 
+def holder_calls(lock: LockInfo, *, indent: str = "  ") -> list[str]:
+    """A line per holder whose call is known: ``call of message '…': reindex('acme', 200)``."""
+    return [f"{indent}call of message {h.message_id!r}: {h.call}" for h in lock.holders if h.call is not None]
+
+
 def describe_holder(holder: HolderInfo, now: int) -> str:
     """One holder, for a person: its message, state, age and remaining time, e.g.
     ``message '…' (queued, taken 2m 03s ago, never lapses)``."""

@@ -5,6 +5,9 @@ it writes its records as before."""
 
 from __future__ import annotations
 
+import importlib
+import json
+import sys
 import threading
 
 import dramatiq
@@ -15,6 +18,7 @@ from dramatiq_unique import InvalidLockOptions, Locks, RedisBackend, UniqueJobs,
 from dramatiq_unique.keys import enqueue_key, run_key
 
 from .support import Env, wait_for
+from .test_cli import cli, ok
 
 
 @pytest.fixture
@@ -141,3 +145,65 @@ def test_an_actor_without_lock_info_writes_the_record_it_wrote_before(redis_env,
     assert (owner, int(token), late, lifetime, flags, worker) == (message.message_id, outcome.token, "", "", "qe", "")
     assert (len(broker_id), actor, queue, message_id) == (22, "plain", "default", "")
     assert holders(redis_env, message) == [("enqueue", "queued", None)]
+
+
+@pytest.fixture
+def app(redis_url, monkeypatch):
+    """tests/lock_info_app.py on the test server."""
+    monkeypatch.setenv("LOCK_INFO_APP_URL", redis_url)
+    module = importlib.reload(sys.modules["tests.lock_info_app"]) if "tests.lock_info_app" in sys.modules else None
+    if module is None:
+        import tests.lock_info_app as module
+    try:
+        yield module
+    finally:
+        module.broker.flush_all()
+
+
+def calls_listed(*args: str) -> dict[str, list[str | None]]:
+    """``list --json`` run as the command: each lock's calls, by its actor."""
+    listed = json.loads(ok(cli(*args, "list", "--json")))
+    return {lock["actor"]: [holder["call"] for holder in lock["holders"]] for lock in listed}
+
+
+def test_list_and_show_print_the_call_that_a_lock_keeps(app, redis_url):
+    message = app.reindex.send("acme", 200)
+    app.export.send("x" * 300)
+    cut = "export('" + "x" * 31 + "…"
+    assert calls_listed("--url", redis_url) == {"reindex": ["reindex('acme', 200)"], "export": [cut]}
+    digest = enqueue_outcome(message).digest
+    shown = ok(cli("--url", redis_url, "show", digest))
+    assert f"  call of message {message.message_id!r}: reindex('acme', 200)\n" in shown
+    (lock,) = json.loads(ok(cli("--url", redis_url, "show", digest, "--json")))
+    assert lock["holders"][0]["call"] == "reindex('acme', 200)"
+
+
+def test_without_lock_info_the_call_is_read_from_the_broker_with_the_app(app, redis_url):
+    message = app.plain.send("acme", 200)
+    digest = enqueue_outcome(message).digest
+    # Without the application, no broker tells it.
+    assert calls_listed("--url", redis_url) == {"plain": [None]}
+    assert "call of message" not in ok(cli("--url", redis_url, "show", digest))
+    assert calls_listed("--app", "tests.lock_info_app") == {"plain": ["plain('acme', 200)"]}
+    shown = ok(cli("--app", "tests.lock_info_app", "show", digest))
+    assert f"  call of message {message.message_id!r}: plain('acme', 200)\n" in shown
+    # A message that left the broker (here: deleted from its queue's hash) tells none.
+    app.broker.client.delete(f"{app.broker.namespace}:search.msgs")
+    assert calls_listed("--app", "tests.lock_info_app") == {"plain": [None]}
+
+
+def test_a_stub_broker_gives_the_call_of_a_message_not_yet_fetched(stub_env):
+    @stub_env.actor(lock="until_executed")
+    def plain(tenant, batch):
+        pass
+
+    @stub_env.actor(lock="while_executing")
+    def runs(tenant):
+        pass
+
+    message = plain.send("acme", 200)
+    locks = Locks.from_middleware(stub_env.middleware)
+    found = locks.get(enqueue_outcome(message).digest)
+    assert [h.call for lock in found for h in lock.holders] == [None]
+    assert [h.call for lock in locks.with_calls(found, stub_env.broker) for h in lock.holders] == ["plain('acme', 200)"]
+    assert [h.call for lock in locks.with_calls(found, None) for h in lock.holders] == [None]

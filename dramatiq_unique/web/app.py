@@ -118,7 +118,8 @@ class LocksWebApp:
         when it returns True may the request unlock. ``None`` lets every
         request unlock when ``allow_unlock`` is set.
       broker(dramatiq.Broker): The broker, to tell whether a queued holder's message
-        is still in it (RedisBroker, RabbitmqBroker, StubBroker).
+        is still in it (RedisBroker, RabbitmqBroker, StubBroker), and its call where the lock
+        does not keep it (RedisBroker, StubBroker).
       middleware(UniqueJobs): The middleware of the application, to say what
         a new send would meet and how old a worker's heartbeat is.
       secret(bytes|str): The key of the CSRF tokens (a ``str`` is taken as its UTF-8 bytes);
@@ -229,6 +230,7 @@ class LocksWebApp:
             )
         except ValueError as e:
             raise HTTPError(400, str(e)) from None
+        found = self.locks.with_calls(found, self.broker)
         report = read_activity(self.locks.backend, prefix=self.locks.prefixes[0], minutes=60)
         totals = report.totals()
         kinds = [kind for kind in EVENT_KINDS if any(kind in counts for counts in totals.values())]
@@ -255,6 +257,7 @@ class LocksWebApp:
         unreadable = dict(self.locks.unreadable)
         if not found and not unreadable:
             raise HTTPError(404, f"No lock of digest {digest!r} is held: it is free.")
+        found = self.locks.with_calls(found, self.broker)
         explanations = []
         if self.middleware is not None:
             for actor in dict.fromkeys(h.actor for lock in found for h in lock.holders):
