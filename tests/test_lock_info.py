@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import socket
+import subprocess
 import sys
 import threading
 
@@ -16,9 +19,14 @@ from dramatiq.brokers.redis import RedisBroker
 
 from dramatiq_unique import InvalidLockOptions, Locks, RedisBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.keys import enqueue_key, run_key
+from dramatiq_unique.web import from_middleware, make_wsgi_app
 
 from .support import Env, wait_for
-from .test_cli import cli, ok
+from .test_browser import browser, free_port  # noqa: F401  (browser: a real headless chromium)
+from .test_cli import ROOT, URL_VARIABLES, cli, ok
+from .web_client import Client
+
+SCRIPT = "<script>alert(1)</script>"
 
 
 @pytest.fixture
@@ -207,3 +215,102 @@ def test_a_stub_broker_gives_the_call_of_a_message_not_yet_fetched(stub_env):
     assert [h.call for lock in found for h in lock.holders] == [None]
     assert [h.call for lock in locks.with_calls(found, stub_env.broker) for h in lock.holders] == ["plain('acme', 200)"]
     assert [h.call for lock in locks.with_calls(found, None) for h in lock.holders] == [None]
+
+
+def test_the_lock_page_shows_the_call_the_arguments_and_the_record_field_by_field(redis_env):
+    @redis_env.actor(lock="until_executed", lock_info=True)
+    def reindex(tenant, batch):
+        pass
+
+    @redis_env.actor(lock="until_executed")
+    def plain(tenant, batch):
+        pass
+
+    kept, read, hostile = reindex.send("acme", 200), plain.send("acme", 200), reindex.send(SCRIPT, 1)
+    page = Client(from_middleware(redis_env.middleware, broker=redis_env.broker))
+    for message, call in ((kept, "reindex('acme', 200)"), (read, "plain('acme', 200)")):
+        shown = page.get(f"/locks/{enqueue_outcome(message).digest}")
+        # Message, actor, queue, lock type, state, taken, age, lapses, TTL left, worker, token, in the broker, call.
+        ((*_, in_broker, cell),) = shown.rows
+        assert (in_broker, cell) == ("yes", call)
+        assert f"Arguments: those of {call}, the holder's call." in shown.text
+        assert f"message{message.message_id}" in shown.text and "flagsqueued, until_executed" in shown.text
+    # The record keeps the call of a lock_info actor only; the other's came from the broker.
+    assert "callreindex('acme', 200)" in page.get(f"/locks/{enqueue_outcome(kept).digest}").text
+    assert "call– (not kept: its actor has no lock_info)" in page.get(f"/locks/{enqueue_outcome(read).digest}").text
+    # The list: digest, kind, actor, queue, lock type, message, state, age, TTL left, worker, token, call.
+    assert {(row[2], row[11]) for row in page.get("/").rows} == {
+        ("reindex", "reindex('acme', 200)"),
+        ("plain", "plain('acme', 200)"),
+        ("reindex", f"reindex({SCRIPT!r}, 1)"),
+    }
+    # A call is text: escaped as every other value.
+    body = page.get(f"/locks/{enqueue_outcome(hostile).digest}").body
+    assert SCRIPT not in body and "reindex(&#39;&lt;script&gt;alert(1)&lt;/script&gt;&#39;, 1)" in body
+
+    # Without a broker, only the lock tells a call.
+    for bare in (Client(make_wsgi_app(redis_env.backend)), Client(from_middleware(redis_env.middleware))):
+        ((*_, cell),) = bare.get(f"/locks/{enqueue_outcome(read).digest}").rows
+        assert cell == "–"
+        ((*_, cell),) = bare.get(f"/locks/{enqueue_outcome(kept).digest}").rows
+        assert cell == "reindex('acme', 200)"
+    assert "The arguments are not known here" in bare.get(f"/locks/{enqueue_outcome(read).digest}").text
+
+
+@pytest.fixture
+def web_server(app, redis_url):
+    """``dramatiq-unique --app tests.lock_info_app web`` serving the locks of tests/lock_info_app.py."""
+    port = free_port()
+    environment = {k: v for k, v in os.environ.items() if k not in URL_VARIABLES}
+    environment["LOCK_INFO_APP_URL"] = redis_url
+    command = [sys.executable, "-m", "dramatiq_unique", "--app", "tests.lock_info_app", "web", "--port", str(port)]
+    process = subprocess.Popen(command, cwd=ROOT, env=environment, stderr=subprocess.PIPE)
+
+    def listening() -> bool:
+        assert process.poll() is None, process.stderr.read().decode()
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_for(listening, timeout=20)
+    yield f"http://127.0.0.1:{port}"
+    process.terminate()
+    process.wait(10)
+
+
+@pytest.mark.version_independent
+def test_in_a_browser_the_pages_show_each_holders_call_and_its_record_field_by_field(app, web_server, browser):  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    kept, read = app.reindex.send("acme", 200), app.plain.send("acme", 200)
+    browser.get(web_server + "/")
+    rows = [
+        [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+        for row in browser.find_elements(By.CSS_SELECTOR, "table.locks tbody tr")
+    ]
+    assert {(row[2], row[11]) for row in rows} == {("reindex", "reindex('acme', 200)"), ("plain", "plain('acme', 200)")}
+
+    browser.find_element(By.CSS_SELECTOR, f"td.digest a[title='{enqueue_outcome(kept).digest}']").click()
+    wait_for(lambda: "/locks/" in browser.current_url)
+    (holder,) = browser.find_elements(By.CSS_SELECTOR, "table.holders tbody tr")
+    assert holder.find_elements(By.TAG_NAME, "td")[-1].text == "reindex('acme', 200)"
+    assert browser.find_element(By.CSS_SELECTOR, ".explain .args").text == (
+        "Arguments: those of reindex('acme', 200), the holder's call."
+    )
+    # The record is folded away until the reader opens it.
+    record = browser.find_element(By.CSS_SELECTOR, "dl.record")
+    assert not record.is_displayed()
+    browser.find_element(By.CSS_SELECTOR, "details summary").click()
+    wait_for(record.is_displayed)
+    fields = dict(zip(
+        [dt.text for dt in record.find_elements(By.TAG_NAME, "dt")],
+        [dd.text for dd in record.find_elements(By.TAG_NAME, "dd")],
+        strict=True,
+    ))  # fmt: skip
+    assert fields["call"] == "reindex('acme', 200)" and fields["flags"] == "queued, until_executed"
+    assert fields["message"] == kept.message_id and fields["token"] == str(enqueue_outcome(kept).token)
+    assert fields["expires"] == "never" and fields["worker"] == "–"
+    assert fields["redis message id"] == kept.options["redis_message_id"]
+
+    browser.get(f"{web_server}/locks/{enqueue_outcome(read).digest}")
+    (holder,) = browser.find_elements(By.CSS_SELECTOR, "table.holders tbody tr")
+    assert holder.find_elements(By.TAG_NAME, "td")[-1].text == "plain('acme', 200)"

@@ -184,6 +184,8 @@ def _decode(owner: str, holder: str) -> dict[str, Any]:
         )
     if "+" in flags:
         fields["replaceable"] = True
+    if flags.endswith("*"):
+        fields["handed"] = True
     if call:
         fields["call"] = unescape(call)
     return fields

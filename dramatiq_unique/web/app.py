@@ -20,10 +20,10 @@ from ..activity import read_activity
 from ..backends import LockBackend
 from ..errors import LineNeedsBroker, LockBackendError
 from ..events import EVENT_KINDS
-from ..held import STATES
+from ..held import STATES, LockInfo
 from ..operations import Locks
 from ..options import DEFAULT_LOCK_PREFIX
-from ..presentation import age, format_duration, format_time, ttl
+from ..presentation import age, format_duration, format_time, record_fields, ttl
 from .security import SECURITY_HEADERS, Csrf, mount_path
 
 try:
@@ -271,6 +271,7 @@ class LocksWebApp:
             locks=found,
             in_broker=self.locks.in_broker(found, self.broker),
             explanations=explanations,
+            calls_of=_calls_of(found),
             explained=self.middleware is not None,
             unreadable=unreadable,
         )
@@ -354,10 +355,22 @@ class LocksWebApp:
             age=age,
             ttl_left=functools.partial(ttl, never="never lapses"),
             when=format_time,
+            record_fields=record_fields,
             status=status,
             **context,
         )
         return Response(status, body, headers=headers)
+
+
+def _calls_of(locks: Iterable[LockInfo]) -> dict[str, list[str]]:
+    """The calls of the holders of each actor, once each: the arguments that a new message of
+    their digest has (the lock arguments they share, and perhaps others)."""
+    calls: dict[str, list[str]] = {}
+    for lock in locks:
+        for holder in lock.holders:
+            if holder.call is not None and holder.call not in calls.setdefault(holder.actor, []):
+                calls[holder.actor].append(holder.call)
+    return calls
 
 
 def make_wsgi_app(
