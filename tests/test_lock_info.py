@@ -61,6 +61,29 @@ def test_an_invalid_lock_info_is_refused_when_the_actor_is_declared(stub_env, va
     assert "reindex" not in stub_env.broker.actors
 
 
+def test_lock_info_is_a_default_of_the_middleware_and_an_option_of_one_message(redis_client):
+    with pytest.raises(InvalidLockOptions, match=r"^UniqueJobs has an invalid lock_info='long': it must be True"):
+        UniqueJobs(backend=RedisBackend(client=redis_client), lock_info="long")
+    broker = RedisBroker(client=redis_client)
+    backend = RedisBackend(client=redis_client)
+    env = Env("redis", broker, backend, UniqueJobs(backend=backend, lock_info=24))
+    with env.running():
+
+        @env.actor(lock="until_executed")
+        def reindex(tenant, batch):
+            pass
+
+        @env.actor(lock="until_executed", lock_info=False)
+        def quiet(tenant, batch):
+            pass
+
+        assert holders(env, reindex.send("acme", 200)) == [("enqueue", "queued", "reindex('acme', 200)")]
+        assert holders(env, reindex.send("a" * 30, 1)) == [("enqueue", "queued", "reindex('aaaaaaaaaaaaaa…")]
+        assert holders(env, quiet.send("acme", 200)) == [("enqueue", "queued", None)]
+        one = quiet.send_with_options(args=("acme", 201), lock_info=True)
+        assert holders(env, one) == [("enqueue", "queued", "quiet('acme', 201)")]
+
+
 def test_the_call_is_kept_through_the_renewals_of_a_running_holder_and_its_start(leased_env, redis_client):
     env, started, done = leased_env, threading.Event(), threading.Event()
 
