@@ -188,6 +188,9 @@ def app(redis_url, monkeypatch):
     try:
         yield module
     finally:
+        # Its sends' activity counts are written now, not into a later test's Redis.
+        if module.unique.activity is not None:
+            module.unique.activity.close()
         module.broker.flush_all()
 
 
@@ -262,7 +265,8 @@ def test_the_lock_page_shows_the_call_the_arguments_and_the_record_field_by_fiel
     assert "callreindex('acme', 200)" in page.get(f"/locks/{enqueue_outcome(kept).digest}").text
     assert "call– (not kept: its actor has no lock_info)" in page.get(f"/locks/{enqueue_outcome(read).digest}").text
     # The list: digest, kind, actor, queue, lock type, message, state, age, TTL left, worker, token, call.
-    assert {(row[2], row[11]) for row in page.get("/").rows} == {
+    # (The rows of 12 cells: the activity table below may have counted these sends by now.)
+    assert {(row[2], row[11]) for row in page.get("/").rows if len(row) == 12} == {
         ("reindex", "reindex('acme', 200)"),
         ("plain", "plain('acme', 200)"),
         ("reindex", f"reindex({SCRIPT!r}, 1)"),

@@ -14,7 +14,8 @@
 -- whose place a line handed it (its message is among the waiters until it starts), each value
 -- escaped as the owner is (Holder.encode), an empty message_id for a holder whose owner is
 -- its message_id, and the holder's call only for an actor with lock_info (with "*" escaped
--- too, as %2A). A script that writes a holder again keeps it whole, call included. The key expires with its longest-lived holder and goes with its last one.
+-- too, as %2A). A script that writes a holder again keeps it whole, call included. The key
+-- expires with its longest-lived holder and goes with its last one.
 --
 -- Fencing tokens follow the server's clock in microseconds and, through a clock that steps back,
 -- the last token issued in the lock's hash slot, which the slot's format key under the lock
