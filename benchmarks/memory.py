@@ -36,6 +36,8 @@ except ImportError:
     from _server import redis_url
 
 LOCKS = 50_000
+#: The calls that a holder of an actor with lock_info keeps: a short one, and one cut to 120 characters.
+LOCK_INFO_CALLS = ("settle_payment('evt_123')", "settle_payment('" + "x" * 103 + "…")
 BATCH = 1_000
 PREFIX = "dramatiq-unique"
 
@@ -110,7 +112,8 @@ def show(client: redis.Redis, key: str) -> str:
     return f"{kind} {value}"
 
 
-def measure(url: str, locks: int = LOCKS) -> Figures:
+def measure(url: str, locks: int = LOCKS, *, call: str | None = None) -> Figures:
+    """The figures of ``locks`` held locks; with ``call``, each holder keeps it (``lock_info``)."""
     client = redis.Redis.from_url(url, decode_responses=True)
     client.flushdb()
     backend = RedisBackend(client=client)
@@ -134,6 +137,7 @@ def measure(url: str, locks: int = LOCKS) -> Figures:
                 lock="until_executed",
                 state="queued",
                 redis_message_id=str(uuid.uuid4()),
+                call=call,
             )
             key = enqueue_key(PREFIX, digest)
             # The arguments of RedisBackend.acquire, pipelined: 100,000 round trips would take minutes.
@@ -167,6 +171,13 @@ def main() -> None:
         f"  after release, per lock: {released.describe_kinds()} left, MEMORY USAGE {released.usage:.0f} bytes "
         f"(target 0); used_memory growth {released.used_memory:.0f} bytes"
     )
+    for call in LOCK_INFO_CALLS:
+        with redis_url() as url:
+            kept = measure(url, call=call)
+        print(
+            f"  with lock_info, a call of {len(call)} characters: MEMORY USAGE per lock {kept.usage:.0f} bytes "
+            f"(+{kept.usage - held.usage:.0f}); used_memory growth per lock {kept.held.used_memory:.0f} bytes"
+        )
 
 
 if __name__ == "__main__":

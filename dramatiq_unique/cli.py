@@ -44,6 +44,7 @@ from .presentation import (
     count,
     describe_lock,
     format_duration,
+    holder_calls,
     holders,
     lock_table,
     prefixes_phrase,
@@ -346,6 +347,8 @@ def _add_wide(parser: argparse.ArgumentParser) -> None:
 
 def run_list(context: Context, args: argparse.Namespace) -> int:
     locks = list(context.locks.list(actor=args.actor, state=args.state, limit=args.limit))
+    if context.app is not None:
+        locks = list(context.locks.with_calls(locks, context.app.broker))
     if args.json:
         context.print_json([lock.as_dict() for lock in locks])
         return RET_OK
@@ -378,11 +381,15 @@ DIGEST_HELP = (
 def run_show(context: Context, args: argparse.Namespace) -> int:
     digest = _resolve(context, args.digest)
     locks = _held(context, digest, or_unreadable=True)
+    if context.app is not None:
+        locks = list(context.locks.with_calls(locks, context.app.broker))
     if args.json:
         context.print_json([lock.as_dict() for lock in locks])
         return RET_OK
     for lock in locks:
         for line in describe_lock(lock, width=context.width):
+            context.print(line)
+        for line in holder_calls(lock):
             context.print(line)
     for key, reasons in _unreadable(context, digest).items():
         context.print(f"Lock {key!r} holds {count(len(reasons), 'record')} this version cannot read:")

@@ -39,8 +39,9 @@ class HolderInfo:
       queue(str): The canonical queue of the holder's message.
       lock(str): The lock type of the holder's message.
       place(LockRecord): The place as read: freeing it only gives it up while it is still this.
-      call(str): The holder's actor call as a person reads it, e.g. ``reindex('acme', 200)``;
-        ``None`` when neither the lock nor the broker tells it.
+      call(str): The holder's actor call as a person reads it, e.g. ``reindex('acme', 200)``:
+        kept by the lock for an actor with ``lock_info``, else read from the broker by
+        :meth:`~dramatiq_unique.Locks.with_calls`; ``None`` when neither tells it.
     """
 
     message_id: str
@@ -69,6 +70,7 @@ class HolderInfo:
             queue=str(holder.get("queue", "")),
             lock=str(holder.get("lock", "")),
             place=record,
+            call=holder.get("call"),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -80,6 +82,7 @@ class HolderInfo:
             "acquired_at": self.acquired_at,
             "expires_at": self.expires_at,
             "token": self.token,
+            "call": self.call,
         }
 
 

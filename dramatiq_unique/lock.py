@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import uuid
 from typing import TYPE_CHECKING
@@ -12,6 +13,7 @@ from dramatiq.common import current_millis, q_name
 from .backends import Acquisition, Holder, LockBackend, Waiter
 from .backends.base import HELD, STARTED_BEFORE, SUPERSEDED
 from .backends.base import LAPSED as NOT_HELD
+from .calls import short_call
 from .current import HeldLock
 from .digest import compute_digest, lock_arguments
 from .errors import LockBackendError
@@ -21,7 +23,7 @@ from .held import QUEUED
 from .history import message_call
 from .keys import ENQUEUE, RUN, enqueue_key, replaced_key, run_key
 from .liveness import worker_id
-from .options import LONGEST_LOCK_DURATION, LockConfig
+from .options import LOCK_INFO_LENGTH, LONGEST_LOCK_DURATION, LockConfig
 from .outcome import (
     ENQUEUED,
     WAITING,
@@ -614,8 +616,16 @@ class MessageLock:
                 "replaceable": state == "queued"
                 and self.config.client_strategy.replaces_queued_holders
                 and not has_followers(self.sent),
+                # Only an actor with lock_info pays for its call, once per message.
+                "call": self.call if self.config.lock_info else None,
             },
         )
+
+    @functools.cached_property
+    def call(self) -> str | None:
+        """The message's call as its holder keeps it (``lock_info``): ``reindex('acme', 200)``."""
+        sent = self.sent
+        return short_call(sent.actor_name, sent.args, sent.kwargs, self.config.lock_info or LOCK_INFO_LENGTH)
 
 
 class LockFactory:

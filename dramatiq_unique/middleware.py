@@ -38,6 +38,7 @@ from .options import (
     DEFAULT_LINE_LIMIT,
     DEFAULT_LOCK,
     DEFAULT_LOCK_ARGS_METHOD,
+    DEFAULT_LOCK_INFO,
     DEFAULT_LOCK_LIMIT,
     DEFAULT_LOCK_PREFIX,
     DEFAULT_LOCK_TTL,
@@ -77,7 +78,7 @@ class UniqueJobs(Middleware):
 
         broker.add_middleware(UniqueJobs(backend=RedisBackend(url=...)), before=TimeLimit)
 
-    The keyword arguments from ``lock`` to ``debounce_cap`` are also actor
+    The keyword arguments from ``lock`` to ``lock_info`` are also actor
     options (``@dramatiq.actor(lock=...)``) and, except ``lock_args_method``,
     message options (``send_with_options``); the message's value wins over the
     actor's, which wins over the one given here. Those from ``lease_period`` on
@@ -109,6 +110,10 @@ class UniqueJobs(Middleware):
       debounce_cap(int): Milliseconds after which a send of a series of debounced sends is
         due at the latest, in the message that carries its arguments or newer ones; ``None``
         for no bound. The message starts once a worker fetched it: see :doc:`Options </options>`.
+      lock_info(bool|int): Each holder keeps its call in the lock (``reindex('acme', 200)``),
+        for the command line and the web page: ``True`` up to 120 characters, an integer
+        chooses that many (20 to 1000); ``False``, the default, keeps none. See
+        :doc:`Options </options>`.
       lease_period(int): Milliseconds a run lock is held without a renewal: a
         worker renews the run locks of the messages it runs, and a dead
         worker's run locks are free again within this time.
@@ -158,6 +163,7 @@ class UniqueJobs(Middleware):
         line_limit: int = DEFAULT_LINE_LIMIT,
         debounce: int | None = DEFAULT_DEBOUNCE,
         debounce_cap: int | None = DEFAULT_DEBOUNCE_CAP,
+        lock_info: bool | int = DEFAULT_LOCK_INFO,
         lease_period: int = DEFAULT_LEASE_PERIOD,
         heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
         on_backend_error: str = DEFAULT_ON_BACKEND_ERROR,
@@ -199,6 +205,7 @@ class UniqueJobs(Middleware):
             line_limit=line_limit,
             debounce=debounce,
             debounce_cap=debounce_cap,
+            lock_info=lock_info,
         )
         self.configs = ActorConfigs(self.defaults, logger=self.logger)
         warn_if_seconds_like(

@@ -23,12 +23,13 @@ from dramatiq.common import q_name
 from dramatiq.logging import get_logger
 
 from .backends import LockBackend, LockRecord
+from .calls import short_call
 from .digest import DIGEST_LENGTH, compute_digest, encodes_as_utf8, lock_arguments
 from .errors import InvalidLockOptions
 from .held import QUEUED, STATES, ConflictInfo, Explanation, HolderInfo, LockInfo, WorkerInfo
 from .history import DEFAULT_HISTORY_READ, EXPLAINED_HISTORY, history_of, read_history
 from .keys import ENQUEUE, RUN, digest_of, enqueue_key, prefix_of, registry_key, run_key
-from .options import DEFAULT_LOCK_PREFIX, LockConfig, prefix_problem
+from .options import DEFAULT_LOCK_PREFIX, LOCK_INFO_LENGTH, LockConfig, prefix_problem
 from .presentation import count, describe_holder, describe_holders
 from .reaper import DEFAULT_BATCH, locator_for
 from .strategies import CLIENT, SERVER
@@ -481,6 +482,42 @@ class Locks:
         missing = locator.missing([h.place for _, h in queued])
         return {(lock.key, h.message_id): not gone for (lock, h), gone in zip(queued, missing, strict=True)}
 
+    def with_calls(self, locks: Iterable[LockInfo], broker: Broker | None) -> tuple[LockInfo, ...]:
+        """The locks with the call of each holder, ``reindex('acme', 200)``, where the lock does
+        not keep it (an actor without ``lock_info``): read from the holder's message in ``broker``
+        by its id, for every holder in one round trip, and cut as ``lock_info=True`` cuts it.
+
+        Parameters:
+          locks(Iterable[LockInfo]): The locks, e.g. a page of :meth:`page`.
+          broker(dramatiq.Broker): The broker the messages were sent through. A ``RedisBroker``
+            gives the message of an enqueue lock's holder until it is acknowledged; a
+            ``StubBroker`` that of a message not yet fetched. A ``RabbitmqBroker`` cannot be
+            asked for a message by its id, nor can any broker for a run lock's holder (it
+            records no broker id); those holders get the call of their message's place in the
+            enqueue lock, when the locks hold one.
+
+        Returns:
+          tuple[LockInfo]: The locks, each holder's ``call`` filled where it was found.
+        """
+        locks = tuple(locks)
+        calls = {h.message_id: h.call for lock in locks for h in lock.holders if h.call is not None}
+        unknown = {h.message_id: h for lock in locks for h in lock.holders if h.message_id not in calls}
+        locator = None
+        if unknown and broker is not None:
+            registry = registry_key(self.prefixes[0])
+            locator = locator_for(broker, backend=self.backend, registry=registry, logger=self.logger)
+        if locator is not None:
+            holders = builtins.list(unknown.values())
+            for holder, message in zip(holders, locator.messages([h.place for h in holders]), strict=True):
+                call = (
+                    None
+                    if message is None
+                    else short_call(message.actor_name, message.args, message.kwargs, LOCK_INFO_LENGTH)
+                )
+                if call is not None:
+                    calls[holder.message_id] = call
+        return tuple(_with_calls(lock, calls) for lock in locks)
+
     def release(self, locks: Iterable[LockInfo]) -> tuple[LockInfo, ...]:
         """Free the holders of ``locks`` as they were read: each place only
         while it is still exactly as read, so a holder that renewed or took the
@@ -612,6 +649,17 @@ def _locks_of(records: Iterable[LockRecord], now: int) -> list[LockInfo]:
         holders = tuple(HolderInfo.from_record(r) for r in sorted(places, key=lambda r: r.token))
         locks.append(LockInfo(digest=digest, kind=places[0].kind, prefix=prefix, key=key, holders=holders, read_at=now))
     return sorted(locks, key=lambda lock: (lock.prefix, lock.digest, lock.kind != ENQUEUE))
+
+
+def _with_calls(lock: LockInfo, calls: dict[str, str]) -> LockInfo:
+    """``lock`` with the call of each holder that has none and whose message is in ``calls``."""
+    if not any(h.call is None and h.message_id in calls for h in lock.holders):
+        return lock
+    holders = tuple(
+        dataclasses.replace(h, call=calls[h.message_id]) if h.call is None and h.message_id in calls else h
+        for h in lock.holders
+    )
+    return dataclasses.replace(lock, holders=holders)
 
 
 def _unreadable_fails(step: str, key: str, places: dict[str, str]) -> str:

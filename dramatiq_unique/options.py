@@ -46,6 +46,13 @@ DEFAULT_MAX_RESCHEDULES: int | None = None
 DEFAULT_LINE_LIMIT = 1000
 DEFAULT_DEBOUNCE: int | None = None
 DEFAULT_DEBOUNCE_CAP: int | None = None
+DEFAULT_LOCK_INFO: bool | int = False
+#: How many characters of its call a holder keeps with ``lock_info=True``; an integer chooses
+#: from SHORTEST_LOCK_INFO to LONGEST_LOCK_INFO. A longer call is cut, and ends with an ellipsis.
+LOCK_INFO_LENGTH = 120
+SHORTEST_LOCK_INFO = 20
+#: Each holder pays its call's bytes in the lock store, and each step on its lock reads them.
+LONGEST_LOCK_INFO = 1000
 
 # The defaults of the middleware's own options.
 #: The default lease of a run lock, in milliseconds: a dead worker's run locks are free again within it.
@@ -76,6 +83,7 @@ DEFAULTS: dict[str, Any] = {
     "line_limit": DEFAULT_LINE_LIMIT,
     "debounce": DEFAULT_DEBOUNCE,
     "debounce_cap": DEFAULT_DEBOUNCE_CAP,
+    "lock_info": DEFAULT_LOCK_INFO,
 }
 
 #: A lock_ttl below this many milliseconds is most likely seconds written where milliseconds
@@ -133,6 +141,9 @@ class LockConfig:
     line_limit: int
     debounce: int | None
     debounce_cap: int | None
+    #: How many characters of its call each holder keeps in the lock (``lock_info``), or
+    #: ``None`` for none.
+    lock_info: int | None = None
 
 
 def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
@@ -161,6 +172,7 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
     check.boolean("unique_across_queues")
     check.boolean("unique_across_actors")
     check.prefix("lock_prefix")
+    lock_info = check.lock_info("lock_info")
     lock_args_method = options["lock_args_method"]
     if lock_args_method is not None and not callable(lock_args_method):
         check.fail("lock_args_method", "must be a callable that takes the actor's arguments, or None")
@@ -199,6 +211,7 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
         line_limit=options["line_limit"],
         debounce=options["debounce"],
         debounce_cap=options["debounce_cap"],
+        lock_info=lock_info,
     )
 
 
@@ -573,6 +586,21 @@ class _Checker:
             self.fail(option, f"bounds the postponements of a debounce, so it needs {debounce} too")
         if cap < quiet:
             self.fail(option, f"must be >= {debounce}={quiet!r}, or None")
+
+    def lock_info(self, option: str) -> int | None:
+        """How many characters of its call a holder keeps: ``None`` for none (False)."""
+        value = self.options[option]
+        if value is True:
+            return LOCK_INFO_LENGTH
+        if value is False:
+            return None
+        if isinstance(value, int) and SHORTEST_LOCK_INFO <= value <= LONGEST_LOCK_INFO:
+            return value
+        self.fail(
+            option,
+            f"must be True (the holder's call, up to {LOCK_INFO_LENGTH} characters), False (none), or an integer "
+            f"from {SHORTEST_LOCK_INFO} to {LONGEST_LOCK_INFO} (characters)",
+        )
 
     def boolean(self, option: str) -> None:
         if not isinstance(self.options[option], bool):

@@ -330,6 +330,33 @@ def describe_lock(lock: LockInfo, *, width: int | None = None) -> list[str]:
     return lines
 
 
+def holder_calls(lock: LockInfo, *, indent: str = "  ") -> list[str]:
+    """A line per holder whose call is known: ``call of message '…': reindex('acme', 200)``."""
+    return [f"{indent}call of message {h.message_id!r}: {h.call}" for h in lock.holders if h.call is not None]
+
+
+def record_fields(holder: HolderInfo) -> list[tuple[str, str]]:
+    """A holder's record as its lock stores it, field by field, for a person: its owner, token,
+    times, worker, broker id, flags in words and the call it keeps (``lock_info``)."""
+    place, fields = holder.place, holder.place.holder
+    flags = [holder.state, holder.lock]
+    if fields.get("replaceable"):
+        flags.append("a newer message may take its place")
+    if fields.get("handed"):
+        flags.append("handed by the lock's line, its message not started yet")
+    return [
+        ("owner", place.owner),
+        ("message", holder.message_id),
+        ("token", str(place.token)),
+        ("acquired", format_time(place.acquired_at)),
+        ("expires", "never" if place.expires_at is None else format_time(place.expires_at)),
+        ("worker", fields.get("worker_id") or "–"),
+        ("redis message id", fields.get("redis_message_id") or "–"),
+        ("flags", ", ".join(flags)),
+        ("call", fields.get("call") or "– (not kept: its actor has no lock_info)"),
+    ]
+
+
 def describe_holder(holder: HolderInfo, now: int) -> str:
     """One holder, for a person: its message, state, how long it has held the lock and when its
     hold ends, e.g. ``message '…' (queued, held for 2m 03s, never expires)``."""

@@ -46,9 +46,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import dramatiq
+import redis
 from dramatiq import Broker, Message
 from dramatiq.actor import Actor
 from dramatiq.common import dq_name, q_name
+from dramatiq.errors import DecodeError
 from dramatiq.results import Results
 
 from .backends import Holder, LockBackend, LockRecord
@@ -62,6 +64,8 @@ from .keys import RUN, digest_of, reaper_cursor_key, reaper_leader_key, registry
 from .locks import LOCK_TYPES
 from .options import DEFAULT_HEARTBEAT_INTERVAL, DEFAULTS
 from .presentation import count
+
+_logger = logging.getLogger(__name__)
 
 #: The name of the orphan reaper actor.
 REAPER_ACTOR_NAME = "dramatiq_unique_reaper"
@@ -502,6 +506,12 @@ class _Locator(abc.ABC):
     def missing(self, records: list[LockRecord]) -> list[bool]:
         """For each enqueue lock, whether its message is certainly gone from the broker."""
 
+    def messages(self, records: list[LockRecord]) -> list[Message[Any] | None]:
+        """For each place, its message as the broker keeps it, found by the id its holder
+        recorded; ``None`` where the broker cannot give it. This broker never can: it cannot
+        be asked for a message by its id."""
+        return [None] * len(records)
+
 
 class _RedisLocator(_Locator):
     """RedisBroker keeps every message, until it is acked, in ``<ns>:<queue>.msgs``
@@ -533,6 +543,30 @@ class _RedisLocator(_Locator):
     def _handed_and_lost(self, record: LockRecord) -> bool:
         return self.backend.waiting_message(record.key, str(record.holder.get("message_id"))) is not None
 
+    def messages(self, records: list[LockRecord]) -> list[Message[Any] | None]:
+        """The message of each place that recorded its Redis id (an enqueue lock's), from its
+        queue's hash or its delay queue's, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        asked = []
+        for record in records:
+            rid, queue = record.holder.get("redis_message_id"), record.holder.get("queue")
+            if rid and queue:
+                pipe.hget(f"{self.namespace}:{queue}.msgs", rid)
+                pipe.hget(f"{self.namespace}:{dq_name(queue)}.msgs", rid)
+            asked.append(bool(rid and queue))
+        if not any(asked):
+            return [None] * len(records)
+        try:
+            answers = iter(pipe.execute())
+        except redis.RedisError as e:
+            _logger.warning("The messages of the holders could not be read from the broker: %s", e)
+            return [None] * len(records)
+        found: list[Message[Any] | None] = []
+        for record, ask in zip(records, asked, strict=True):
+            payloads = (next(answers), next(answers)) if ask else (None, None)
+            found.append(_decoded(payloads[0] or payloads[1], record))
+        return found
+
 
 class _StubLocator(_Locator):
     """StubBroker's queues hold the messages not yet fetched; a queue with a
@@ -548,6 +582,24 @@ class _StubLocator(_Locator):
             ids = known[queue]
             answers.append(ids is not None and record.holder.get("message_id") not in ids)
         return answers
+
+    def messages(self, records: list[LockRecord]) -> list[Message[Any] | None]:
+        """The message of each place that waits in its queue or delay queue, not yet fetched."""
+        waiting: dict[str, Message[Any]] = {}
+        for queue in {str(record.holder.get("queue", "")) for record in records}:
+            for name in (queue, dq_name(queue)):
+                q = self.broker.queues.get(name)
+                if q is None:
+                    continue
+                with q.mutex:
+                    payloads = list(q.queue)
+                for payload in payloads:
+                    try:
+                        message = Message.decode(payload)
+                    except DecodeError:
+                        continue
+                    waiting[message.message_id] = message
+        return [waiting.get(str(record.holder.get("message_id"))) for record in records]
 
     def _message_ids(self, queue: str) -> set[str] | None:
         ids: set[str] = set()
@@ -680,6 +732,17 @@ class QueueCounter:
                 # No such queue (deleted, or never declared): nothing waits there.
                 self.channel = self.connection.channel()
         return total
+
+
+def _decoded(payload: bytes | None, record: LockRecord) -> Message[Any] | None:
+    """The message of ``payload``, when it is the holder's."""
+    if payload is None:
+        return None
+    try:
+        message = Message.decode(payload)
+    except DecodeError:
+        return None
+    return message if message.message_id == record.holder.get("message_id") else None
 
 
 def _locator_class(broker: Broker | None) -> type[_Locator] | None:

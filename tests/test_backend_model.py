@@ -13,6 +13,7 @@ A run takes about half a minute: $MODEL_EXAMPLES examples (100) of up to $MODEL_
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import uuid
@@ -74,12 +75,17 @@ def new_digest() -> str:
     )
 
 
+#: The calls that the holders of some messages keep (lock_info), with the characters a record escapes.
+CALLS = {"m1": "post('m1', '|%*')", "m3": "post('m3', n=3)", "w1": "post('w1\n')"}
+
+
 def queued(message_id: str, *, replaceable: bool = False) -> Holder:
-    return Holder(message_id, "post", "default", "until_executed", "queued", replaceable=replaceable)
+    call = CALLS.get(message_id)
+    return Holder(message_id, "post", "default", "until_executed", "queued", replaceable=replaceable, call=call)
 
 
 def running(message_id: str, lock: str = "until_executed") -> Holder:
-    return Holder(message_id, "post", "default", lock, "running", worker_id="worker-1")
+    return Holder(message_id, "post", "default", lock, "running", worker_id="worker-1", call=CALLS.get(message_id))
 
 
 def waiter(message_id: str, line: tuple[int, bool] | None) -> Waiter | None:
@@ -400,7 +406,7 @@ class BackendModel(RuleBasedStateMachine):
         """A message a line handed a place reaches the broker, stamped with a copy's token."""
         message_id = self.message(data)
         copy, key = self.copy(data, message_id), self.key(data)
-        holder = Holder(message_id, "post", "default", "until_executed", "queued", redis_message_id="broker-id")
+        holder = dataclasses.replace(queued(message_id), redis_message_id="broker-id")
 
         def step(name: str, b: LockBackend) -> Acquisition:
             return b.record_handoff(key, message_id, holder=holder, handoff=int(copy[name] or 0))

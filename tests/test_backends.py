@@ -1159,7 +1159,8 @@ def not_read(key: str, owner: str, value: str) -> list[str]:
         ("junk", "junk", "junk"),  # no owner
         ("A|1|2|3|not a holder", "A", "1|2|3|not a holder"),
         ("A|-||1|qe+|||settle|payments|", "A", "-||1|qe+|||settle|payments|"),  # a holder, no token
-        ("A|1|||qe+|||settle|payments|x|y", "A", "1|||qe+|||settle|payments|x|y"),  # a field too many
+        # A field too many: the seventh is a call (lock_info), an eighth is none.
+        ("A|1|||qe+|||settle|payments|x|y|z", "A", "1|||qe+|||settle|payments|x|y|z"),
         ("A|1|||qe+|||settle|payments|\nA|2|||qe+|||settle|payments|", "A", "2|||qe+|||settle|payments|"),  # twice
         ("y" * 101, "y" * 101, "y" * 100 + "…"),
         ("another type", None, None),

@@ -28,18 +28,29 @@ LOGGER = logging.getLogger("test.foreign")
 
 #: Lines of a lock's value that no script of this version writes, each with the owner its reader
 #: names (what comes before the line's first "|", or the whole line): a record of junk, a record
-#: whose holder is no holder, a holder of too few parts, a holder with a flag this version lacks, a
-#: holder in JSON as 0.1 wrote it, a line without "|", bytes that are no UTF-8.
+#: whose holder is no holder, a holder of too few parts, one of too many (a seventh part is its
+#: call, an eighth nothing), a holder with a flag this version lacks, a holder in JSON as 0.1 wrote
+#: it, a line without "|", bytes that are no UTF-8.
 FOREIGN_LINES = [
     ("A|junk", "A"),
     ("x|1|2|3|not a holder", "x"),
     ("x|1|||qe|||settle|payments", "x"),
+    ("x|1|||qe|||settle|payments||settle()|more", "x"),
     ("x|1|||qe-|||settle|payments|", "x"),
     ('x|1|2|3|{"message_id": "m", "state": "queued"}', "x"),
     ("junk", "junk"),
     (b"A|\xff\xfe", "A"),
 ]
-FOREIGN_IDS = ["junk", "not-a-holder", "too-few-parts", "unknown-flag", "json-holder", "no-bar", "bytes"]
+FOREIGN_IDS = [
+    "junk",
+    "not-a-holder",
+    "too-few-parts",
+    "too-many-parts",
+    "unknown-flag",
+    "json-holder",
+    "no-bar",
+    "bytes",
+]
 
 HELD, FOREIGN = "a" * 22, "b" * 22
 

@@ -84,6 +84,7 @@ def test_list_shows_every_held_lock_with_its_holders(app):
                 "acquired_at": holder.acquired_at,
                 "expires_at": None,
                 "token": holder.token,
+                "call": None,
             }
         ],
         "waiting": [],

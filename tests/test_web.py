@@ -150,7 +150,11 @@ def test_lock_page_shows_the_record_its_holders_and_what_explain_says(app):
         on_send.startswith("A new send would be dropped as a duplicate") and on_send.split(" (queued")[0] in page.text
     )
     assert enqueue_key("dramatiq-unique", digest(sent["settle"])) in page.text
-    assert f"{sent['settle'].message_id} →" in page.text  # the record as stored
+    # The record field by field (issue 34, point 3), not the raw string it is stored as.
+    (place,) = Locks.from_middleware(env.middleware).get(digest(sent["settle"]))[0].holders
+    assert place.place.record not in page.text and f"{sent['settle'].message_id} →" not in page.text
+    assert f"token{place.token}" in page.text and "flagsqueued, until_executed" in page.text
+    assert f"redis message id{sent['settle'].options['redis_message_id']}" in page.text
 
     # The message leaves the broker (acked elsewhere, lost): the page tells, as the orphan reaper would.
     env.broker.client.hdel(f"{env.broker.namespace}:payments.msgs", sent["settle"].options["redis_message_id"])

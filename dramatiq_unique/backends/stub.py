@@ -42,9 +42,11 @@ class _Place:
 
     def record(self, owner: str) -> str:
         # The format RedisBackend stores, so release_record compares the same thing.
-        return format_record(
-            expires_at=self.expires_at, token=self.token, acquired_at=self.acquired_at, holder=self.holder.encode(owner)
-        )
+        holder = self.holder.encode(owner)
+        if self.handed:
+            flags, rest = holder.split("|", 1)
+            holder = f"{flags}*|{rest}"
+        return format_record(expires_at=self.expires_at, token=self.token, acquired_at=self.acquired_at, holder=holder)
 
 
 @dataclass

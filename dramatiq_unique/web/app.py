@@ -24,11 +24,11 @@ from ..backends import LockBackend
 from ..digest import DIGEST_LENGTH
 from ..errors import LineNeedsBroker, LockBackendError, UniqueError
 from ..events import EVENT_KINDS
-from ..held import STATES
+from ..held import STATES, LockInfo
 from ..links import EXTRAS
 from ..operations import Locks, unique_jobs_of
 from ..options import DEFAULT_LOCK_PREFIX
-from ..presentation import age, expires, format_duration, format_time, holder_phrase, lease, where_phrase
+from ..presentation import age, expires, format_duration, format_time, holder_phrase, lease, record_fields, where_phrase
 from .security import SECURITY_HEADERS, Csrf, mount_path
 
 try:
@@ -123,7 +123,8 @@ class LocksWebApp:
         when it returns True may the request unlock. ``None`` lets every
         request unlock when ``allow_unlock`` is set.
       broker(dramatiq.Broker): The broker, to tell whether a queued holder's message
-        is still in it (RedisBroker, RabbitmqBroker, StubBroker).
+        is still in it (RedisBroker, RabbitmqBroker, StubBroker), and its call where the lock
+        does not keep it (RedisBroker, StubBroker).
       middleware(UniqueJobs): The middleware of the application, to say what
         a new send would meet and how old a worker's heartbeat is.
       secret(bytes|str): The key of the CSRF tokens (a ``str`` is taken as its UTF-8 bytes);
@@ -235,6 +236,7 @@ class LocksWebApp:
         except ValueError as e:
             raise HTTPError(400, str(e)) from None
         conflicts = self.locks.history(actor, limit=TRAIL_ROWS) if actor is not None else ()
+        found = self.locks.with_calls(found, self.broker)
         report = read_activity(self.locks.backend, prefix=self.locks.prefixes[0], minutes=60)
         totals = report.totals()
         kinds = [kind for kind in EVENT_KINDS if any(kind in counts for counts in totals.values())]
@@ -266,6 +268,7 @@ class LocksWebApp:
         conflicts = self.locks.history(digest=digest, limit=TRAIL_ROWS) if len(digest) == DIGEST_LENGTH else ()
         if not found and not unreadable and not conflicts:
             raise HTTPError(404, f"No lock of digest {digest!r} is held: it is free.")
+        found = self.locks.with_calls(found, self.broker)
         explanations = []
         if self.middleware is not None:
             for actor in dict.fromkeys(h.actor for lock in found for h in lock.holders):
@@ -279,6 +282,7 @@ class LocksWebApp:
             locks=found,
             in_broker=self.locks.in_broker(found, self.broker),
             explanations=explanations,
+            calls_of=_calls_of(found),
             explained=self.middleware is not None,
             unreadable=unreadable,
             conflicts=conflicts,
@@ -368,10 +372,22 @@ class LocksWebApp:
             when=format_time,
             trail_where=where_phrase,
             trail_holder=functools.partial(holder_phrase, full=True),
+            record_fields=record_fields,
             status=status,
             **context,
         )
         return Response(status, body, headers=headers)
+
+
+def _calls_of(locks: Iterable[LockInfo]) -> dict[str, list[str]]:
+    """The calls of the holders of each actor, once each: the arguments that a new message of
+    their digest has (the lock arguments they share, and perhaps others)."""
+    calls: dict[str, list[str]] = {}
+    for lock in locks:
+        for holder in lock.holders:
+            if holder.call is not None and holder.call not in calls.setdefault(holder.actor, []):
+                calls[holder.actor].append(holder.call)
+    return calls
 
 
 def make_wsgi_app(

@@ -9,11 +9,13 @@
 -- with "%", "|" and newlines in the owner written %25, %7C and %0A (escape), where acquired_at
 -- is the token's millisecond less `late` (empty for 0) and expires_at is acquired_at plus
 -- `lifetime` (empty: never), and a holder is
---   "<state><lock>[+][*]|<worker_id>|<redis_message_id>|<actor>|<queue>|<message_id>"
+--   "<state><lock>[+][*]|<worker_id>|<redis_message_id>|<actor>|<queue>|<message_id>[|<call>]"
 -- with one-letter codes for state and lock type, "+" for a replaceable holder, "*" for one
 -- whose place a line handed it (its message is among the waiters until it starts), each value
--- escaped as the owner is (Holder.encode), and an empty message_id for a holder whose owner is
--- its message_id. The key expires with its longest-lived holder and goes with its last one.
+-- escaped as the owner is (Holder.encode), an empty message_id for a holder whose owner is
+-- its message_id, and the holder's call only for an actor with lock_info (with "*" escaped
+-- too, as %2A). A script that writes a holder again keeps it whole, call included. The key
+-- expires with its longest-lived holder and goes with its last one.
 --
 -- Fencing tokens follow the server's clock in microseconds and, through a clock that steps back,
 -- the last token issued in the lock's hash slot, which the slot's format key under the lock
@@ -142,9 +144,11 @@ local function parse(record)
   return expires_at, token, acquired_at, holder
 end
 
--- Whether `holder` is one as Holder.encode writes it: "<state><lock>[+][*]" and five "|".
+-- Whether `holder` is one as Holder.encode writes it: "<state><lock>[+][*]" and five "|", or
+-- six for a holder that keeps its call (lock_info), looked at only when five do not match.
 local function readable_holder(holder)
   return string.match(holder, "^[qr]%l%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
+    or string.match(holder, "^[qr]%l%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
 end
 
 -- A line of a lock's value: its owner, its record, the record's expiry, and whether this version
@@ -171,7 +175,7 @@ local function format_record(expires_at, token, acquired_at, holder)
 end
 
 local function message_id(owner, holder)
-  local id = string.match(holder, "^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|(.*)$")
+  local id = string.match(holder, "^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)")
   if id == "" then return owner end
   return unescape(id)
 end
