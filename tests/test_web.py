@@ -77,7 +77,7 @@ def test_locks_page_shows_every_held_lock_with_its_holders(app):
     env, _, sent = app
     page = client(env).get("/")
     assert page.status == 200
-    rows = {(row[1], row[2]): row for row in page.rows if len(row) == 12}
+    rows = {(row[1], row[2]): row for row in page.rows if len(row) == 13}
     assert set(rows) - {("enqueue", "report")} == {
         ("enqueue", "settle"),
         ("enqueue", "invoice"),
