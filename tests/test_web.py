@@ -77,7 +77,7 @@ def test_locks_page_shows_every_held_lock_with_its_holders(app):
     env, _, sent = app
     page = client(env).get("/")
     assert page.status == 200
-    rows = {(row[1], row[2]): row for row in page.rows if len(row) == 13}
+    rows = {(row[1], row[2]): row for row in page.rows if len(row) == 12}
     assert set(rows) - {("enqueue", "report")} == {
         ("enqueue", "settle"),
         ("enqueue", "invoice"),
@@ -86,11 +86,11 @@ def test_locks_page_shows_every_held_lock_with_its_holders(app):
     }
     # The lapsed lock of remind is free: not listed.
     assert "remind" not in page.text
-    # Digest, kind, actor, queue, lock type, message, state, held for, lease, expires in, worker, token.
+    # Digest, kind, actor, queue, lock type, message, state, held for, lease, expires in, worker, call.
     settle = rows["enqueue", "settle"]
     assert settle[0] == digest(sent["settle"])[:12] + "…"
     assert settle[3:7] == ["payments", "until_executed", sent["settle"].message_id, "queued"]
-    assert settle[8:12] == ["–", "never", "–", str(enqueue_outcome(sent["settle"]).token)]
+    assert settle[8:11] == ["–", "never", "–"]  # the token is on the lock's page
     run = rows["run", "sync"]
     assert run[5:7] == [sent["sync"].message_id, "running"]
     assert run[10] == env.middleware.liveness.worker_id and run[8].endswith("s") and run[9] == "–"  # a lease
@@ -143,7 +143,7 @@ def test_lock_page_shows_the_record_its_holders_and_what_explain_says(app):
     assert page.status == 200
     (holder,) = page.rows
     assert holder[0] == sent["settle"].message_id and holder[4] == "queued"
-    assert holder[11] == "yes"  # its message is still in the RedisBroker's queue
+    assert holder[10] == "yes"  # its message is still in the RedisBroker's queue
     # What explain says for the same arguments is on the page.
     on_send = Locks.from_middleware(env.middleware).explain(actors["settle"], "evt_1").on_send
     assert (
@@ -158,11 +158,11 @@ def test_lock_page_shows_the_record_its_holders_and_what_explain_says(app):
 
     # The message leaves the broker (acked elsewhere, lost): the page tells, as the orphan reaper would.
     env.broker.client.hdel(f"{env.broker.namespace}:payments.msgs", sent["settle"].options["redis_message_id"])
-    assert c.get(f"/locks/{digest(sent['settle'])}").rows[0][11] == "no: the orphan reaper unlocks this holder"
+    assert c.get(f"/locks/{digest(sent['settle'])}").rows[0][10] == "no: the orphan reaper unlocks this holder"
 
     sync = c.get(f"/locks/{next(lock.digest for lock in Locks(env.backend).list(actor='sync'))}")
     (running,) = sync.rows
-    assert running[4] == "running" and running[9] == env.middleware.liveness.worker_id and running[11] == "–"
+    assert running[4] == "running" and running[8] == env.middleware.liveness.worker_id and running[10] == "–"
     assert "would be rescheduled to try again in 1m 00s: the run lock is held by message" in sync.text
 
     two = c.get(f"/locks/{digest(sent['report_a'])}")
@@ -177,7 +177,7 @@ def test_lock_page_without_the_application_says_what_is_missing(app):
     env, _, sent = app
     c = Client(make_wsgi_app(env.backend), script_name=ROOT)
     page = c.get(f"/locks/{digest(sent['settle'])}")
-    assert page.status == 200 and page.rows[0][11] == "–"
+    assert page.status == 200 and page.rows[0][10] == "–"
     assert "does not know the actors' options" in page.text
 
 
