@@ -293,9 +293,10 @@ def lock_table(locks: Iterable[LockInfo], *, indent: str = "", width: int | None
 
 
 def holder_table(lock: LockInfo, *, indent: str = "  ", width: int | None = None) -> list[str]:
-    """The holders of one lock; fitted to ``width`` with short message ids, or whole when ``None``."""
+    """The holders of one lock; fitted to ``width`` with short message ids, or whole when ``None``.
+    Their calls, whole, are :func:`holder_calls`'s lines."""
     short = width is not None
-    headers = ("MESSAGE", "STATE", "HELD", "LEASE", "EXPIRES", "TOKEN", "WORKER", "CALL")
+    headers = ("MESSAGE", "STATE", "HELD", "LEASE", "EXPIRES", "TOKEN", "WORKER")
     rows = [
         (
             _first(h.message_id, SHORT_MESSAGE_ID, short),
@@ -305,13 +306,12 @@ def holder_table(lock: LockInfo, *, indent: str = "  ", width: int | None = None
             expires(h, lock),
             str(h.token),
             h.worker_id or "-",
-            _call(h),
         )
         for h in lock.holders
     ]
     if width is None:
-        return _whole(headers, rows, indent=indent)
-    return fit_table(headers, rows, width=width, steps=HOLDERS_FIT, rest="CALL", indent=indent)
+        return table(headers, rows, indent=indent)
+    return fit_table(headers, rows, width=width, steps=HOLDERS_FIT, indent=indent)
 
 
 def describe_lock(lock: LockInfo, *, width: int | None = None) -> list[str]:
