@@ -3,12 +3,22 @@
 
 from __future__ import annotations
 
+import functools
+import reprlib
 from typing import Any
 
 from .digest import encodes_as_utf8
 
 #: What ends a call cut to its bound.
 ELLIPSIS = "…"
+#: At most how many characters of a message's call a log line and the conflict trail show.
+CALL_SHOWN = 200
+
+
+def message_call(message: Any, bound: int = CALL_SHOWN) -> str:
+    """:func:`short_call` of a Dramatiq message; ``actor(…)`` when an argument cannot be written."""
+    call = short_call(message.actor_name, message.args, message.kwargs, bound)
+    return call if call is not None else f"{message.actor_name}({ELLIPSIS})"
 
 
 def short_call(actor_name: str, args: Any, kwargs: Any, bound: int) -> str | None:
@@ -39,8 +49,27 @@ def short_call(actor_name: str, args: Any, kwargs: Any, bound: int) -> str | Non
     return call if encodes_as_utf8(call) else call.encode("utf-8", "backslashreplace").decode()
 
 
+#: The types whose repr is short whatever their value.
+_SHORT = frozenset({int, float, bool, type(None)})
+
+
 def _short_repr(value: Any, bound: int) -> str:
-    """``repr(value)``, of a long string only as much as a call of ``bound`` characters shows."""
-    if isinstance(value, str) and len(value) > bound:
-        return repr(value[:bound])
-    return repr(value)
+    """``repr(value)``, of a long string or a large container only as much as a call of
+    ``bound`` characters shows: a large argument costs no more to write than a small one."""
+    kind = type(value)
+    if kind in _SHORT:
+        return repr(value)
+    if kind is str:
+        return repr(value if len(value) <= bound else value[:bound])
+    return _shortener(bound).repr(value)
+
+
+@functools.lru_cache(maxsize=8)
+def _shortener(bound: int) -> reprlib.Repr:
+    shortener = reprlib.Repr()
+    shortener.maxlevel = 4
+    shortener.maxstring = shortener.maxother = shortener.maxlong = bound
+    shortener.maxlist = shortener.maxtuple = shortener.maxset = shortener.maxfrozenset = bound // 2
+    shortener.maxdeque = shortener.maxarray = bound // 2
+    shortener.maxdict = bound // 4
+    return shortener

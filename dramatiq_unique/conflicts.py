@@ -5,6 +5,7 @@ from __future__ import annotations
 from dramatiq import Broker
 
 from .backends import Acquisition
+from .calls import message_call
 from .events import WAITING
 from .keys import ENQUEUE, RUN
 from .lock import MessageLock
@@ -46,16 +47,6 @@ def conflict_of(
     )
 
 
-#: At most how many characters of a message's call a log line shows.
-CALL_SHOWN = 200
-
-
-def shown_call(message: AnyMessage) -> str:
-    """The message's actor call as Dramatiq shows it, ``reindex('acme', 200)``, cut to ``CALL_SHOWN``."""
-    call = str(message)
-    return call if len(call) <= CALL_SHOWN else call[: CALL_SHOWN - 1] + "…"
-
-
 def waited_in_line(lock: MessageLock, acquisition: Acquisition, side: str) -> None:
     """Tell that the message of ``lock`` waits in its lock's line, as ``acquisition`` answered:
     one INFO line, the only one of a message that waits in the worker (see ``skip_log``)."""
@@ -75,7 +66,7 @@ def waited_in_line(lock: MessageLock, acquisition: Acquisition, side: str) -> No
     lock.logger.info(
         "Message %s waits in line for the %s lock %s at position %d (1 is next), behind %s: it %s when a "
         "slot frees up (strategy %r, message id %r)%s.",
-        shown_call(message),
+        message_call(message),
         kind,
         lock.digest,
         acquisition.waiting,

@@ -96,7 +96,7 @@ class LockEvent:
         the store lost its data (data_lost).
       error(Exception): The error the backend raised (backend_error).
       call(str): The message's actor call as a person reads it, e.g. ``reindex('acme', 200)``, cut
-        to :data:`~dramatiq_unique.history.CALL_LENGTH` characters (conflict, rescheduled,
+        to :data:`~dramatiq_unique.calls.CALL_SHOWN` characters (conflict, rescheduled,
         rejected, replaced, waiting, and backend_error about a message).
       lock_prefix(str): The lock prefix of the message's locks (the kinds of ``call``).
     """

@@ -15,7 +15,6 @@ newest first, as :class:`~dramatiq_unique.held.ConflictInfo` values.
 from __future__ import annotations
 
 import logging
-import reprlib
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,8 +32,8 @@ from .keys import ENQUEUE, RUN, digest_of, enqueue_key, history_key, prefix_of, 
 if TYPE_CHECKING:
     from dramatiq import Actor
 
-#: The most characters of a message's call kept in the trail.
-CALL_LENGTH = 200
+    from .options import LockConfig
+
 #: How many entries the trail of one lock prefix keeps at most, by default.
 DEFAULT_HISTORY_LIMIT = 10_000
 #: How long an entry is kept, by default, in milliseconds: 24 hours.
@@ -108,36 +107,6 @@ HOLDER_LOOKUPS = 32
 
 #: The event kinds the recorder subscribes to.
 KINDS = (CONFLICT, RESCHEDULED, REJECTED, REPLACED, WAITING, BACKEND_ERROR)
-
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 80
-_REPR.maxlevel = 3
-
-
-def message_call(message: Any) -> str:
-    """The actor call of ``message`` as Dramatiq's ``str(message)`` writes it, e.g.
-    ``reindex('acme', 200)``, cut to :data:`CALL_LENGTH` characters; long arguments are
-    shortened as they are written, so a large one costs no more than a small one."""
-    try:
-        params = [_short_repr(arg) for arg in message.args]
-        params += [f"{name}={_short_repr(value)}" for name, value in message.kwargs.items()]
-    except Exception:
-        # An argument whose repr raises (an int beyond Python's digits limit, a class of its own).
-        params = ["…"]
-    call = f"{message.actor_name}({', '.join(params)})"
-    return call if len(call) <= CALL_LENGTH else call[: CALL_LENGTH - 1] + "…"
-
-
-#: The types whose repr is short, and quick to write, unless they are long strings.
-_SHORT = frozenset({int, float, bool, type(None)})
-
-
-def _short_repr(value: Any) -> str:
-    """``repr(value)``, shortened by reprlib when it could be long."""
-    kind = type(value)
-    if kind in _SHORT or (kind is str and len(value) <= _REPR.maxstring):
-        return repr(value)
-    return _REPR.repr(value)
 
 
 class _Thread(threading.local):
@@ -474,8 +443,10 @@ def history_of(
     since: int | None,
     within: int | None,
     limit: int,
+    lock_config: Callable[[Actor[Any, Any]], LockConfig | None],
 ) -> tuple[ConflictInfo, ...]:
-    """:meth:`~dramatiq_unique.Locks.history`: its options checked, and the digest of ``args`` computed.
+    """:meth:`~dramatiq_unique.Locks.history`: its options checked, and the digest of ``args`` computed
+    with the lock options ``lock_config`` gives an actor.
 
     Raises:
       ValueError: If an option is not valid.
@@ -518,9 +489,7 @@ def history_of(
         return read_history(
             backend, prefixes, actor=name, digest=digest, since=since, within=within, limit=limit, matches=matches
         )
-    from .operations import unique_jobs_of
-
-    config = unique_jobs_of(actor.broker).lock_config(name)
+    config = lock_config(actor)
     if config is None:
         return ()
     computed = compute_digest(

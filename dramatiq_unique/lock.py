@@ -13,14 +13,13 @@ from dramatiq.common import current_millis, q_name
 from .backends import Acquisition, Holder, LockBackend, Waiter
 from .backends.base import HELD, STARTED_BEFORE, SUPERSEDED
 from .backends.base import LAPSED as NOT_HELD
-from .calls import short_call
+from .calls import message_call, short_call
 from .current import HeldLock
 from .digest import compute_digest, lock_arguments
 from .errors import LockBackendError
 from .events import ACQUIRED, LAPSED, RELEASED, REPLACED, TRAIL_KINDS, Events, EventSubject
 from .frozen import frozen_instance
 from .held import QUEUED
-from .history import message_call
 from .keys import ENQUEUE, RUN, enqueue_key, replaced_key, run_key
 from .liveness import worker_id
 from .options import LOCK_INFO_LENGTH, LONGEST_LOCK_DURATION, LockConfig

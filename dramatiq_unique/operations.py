@@ -439,6 +439,7 @@ class Locks:
             since=since_ms,
             within=within_ms,
             limit=limit,
+            lock_config=lambda actor: unique_jobs_of(actor.broker).lock_config(actor.actor_name),
         )
 
     def workers(self) -> tuple[int, tuple[WorkerInfo, ...]]:

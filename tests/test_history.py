@@ -22,8 +22,9 @@ from dramatiq_unique import (
     UniqueJobs,
     enqueue_outcome,
 )
+from dramatiq_unique.calls import CALL_SHOWN, message_call
 from dramatiq_unique.events import CONFLICT, RESCHEDULED, WAITING, LockEvent
-from dramatiq_unique.history import CALL_LENGTH, ConflictRecorder, message_call
+from dramatiq_unique.history import ConflictRecorder
 from dramatiq_unique.keys import history_key
 from dramatiq_unique.liveness import worker_id
 
@@ -365,14 +366,21 @@ def test_a_backend_outage_is_recorded_with_what_failed(redis_client, caplog):
 
 
 def test_a_call_is_cut_to_its_bound_whatever_the_arguments_size():
+    written = []
+
+    class Item:
+        def __repr__(self):
+            written.append(self)
+            return "i"
+
     class Message:
         actor_name = "load"
-        args = ("x" * 10_000_000, list(range(100_000)), *(["y" * 1000] * 5))
+        args = ([Item()] * 100_000, "x" * 10_000_000, *(["y" * 1000] * 5))
         kwargs = {"mode": "full"}
 
     call = message_call(Message())
-    assert len(call) == CALL_LENGTH and call.startswith("load('xxxx") and call.endswith("…")
-    assert "..." in call  # each argument shortened as it is written
+    assert len(call) == CALL_SHOWN and call.startswith("load([i, i, i") and call.endswith("…")
+    assert len(written) <= CALL_SHOWN  # each argument shortened as it is written, not written whole
     Message.args = ("acme", 200)
     assert message_call(Message()) == "load('acme', 200, mode='full')"
 
