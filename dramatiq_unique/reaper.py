@@ -523,15 +523,22 @@ class _RedisLocator(_Locator):
         self.namespace = broker.namespace
         self.backend = backend
 
-    def missing(self, records: list[LockRecord]) -> list[bool]:
+    def _ask(self, records: list[LockRecord], command: str) -> tuple[list[bool], Any]:
+        """A pipeline of ``command`` (``hexists``, ``hget``) on the hashes of each record's queue
+        and delay queue, by the message's Redis id: whether each record was asked, and the
+        pipeline, two answers per record asked."""
         pipe = self.client.pipeline(transaction=False)
         asked = []
         for record in records:
             rid, queue = record.holder.get("redis_message_id"), record.holder.get("queue")
             if rid and queue:
-                pipe.hexists(f"{self.namespace}:{queue}.msgs", rid)
-                pipe.hexists(f"{self.namespace}:{dq_name(queue)}.msgs", rid)
+                getattr(pipe, command)(f"{self.namespace}:{queue}.msgs", rid)
+                getattr(pipe, command)(f"{self.namespace}:{dq_name(queue)}.msgs", rid)
             asked.append(bool(rid and queue))
+        return asked, pipe
+
+    def missing(self, records: list[LockRecord]) -> list[bool]:
+        asked, pipe = self._ask(records, "hexists")
         answers = iter(pipe.execute())
         # A place recorded without the message's Redis id is never taken for an orphan, but one that
         # a line handed: its message records the id when it reaches the broker.
@@ -546,14 +553,7 @@ class _RedisLocator(_Locator):
     def messages(self, records: list[LockRecord]) -> list[Message[Any] | None]:
         """The message of each place that recorded its Redis id (an enqueue lock's), from its
         queue's hash or its delay queue's, in one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        asked = []
-        for record in records:
-            rid, queue = record.holder.get("redis_message_id"), record.holder.get("queue")
-            if rid and queue:
-                pipe.hget(f"{self.namespace}:{queue}.msgs", rid)
-                pipe.hget(f"{self.namespace}:{dq_name(queue)}.msgs", rid)
-            asked.append(bool(rid and queue))
+        asked, pipe = self._ask(records, "hget")
         if not any(asked):
             return [None] * len(records)
         try:
