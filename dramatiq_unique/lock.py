@@ -553,7 +553,16 @@ class MessageLock:
                     subject=self.subject,
                     limit=self.config.lock_limit,
                     holder=self._running_holder(),
+                    eager=self.config.server_strategy.cancels_running_holders,
                 )
+
+    def ask_holders_to_stop(self, holders: tuple[str, ...]) -> list[str]:
+        """Ask the running ``holders`` of the run lock to stop (``cancel_in_progress``).
+
+        Returns:
+          list[str]: The message_ids of those asked: the ones still running.
+        """
+        return self.backend.request_stop(self.run_key, holders)
 
     @property
     def copy(self) -> str:
