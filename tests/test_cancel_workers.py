@@ -29,6 +29,8 @@ HEARTBEAT = 500
 WORKER_SCRIPT = (
     WORKER_PREAMBLE
     + f"""
+import asyncio
+from dramatiq.middleware.asyncio import AsyncIO
 from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend as RedisResults
 
@@ -41,6 +43,7 @@ unique.reaper.min_age = 1000
 broker.add_middleware(unique, before=TimeLimit)
 broker.add_middleware(Results(backend=RedisResults(client=client)))
 broker.add_middleware(Ready())
+broker.add_middleware(AsyncIO())
 
 
 @dramatiq.actor(
@@ -62,6 +65,22 @@ def deploy(app, seq):
 @dramatiq.actor(broker=broker, queue_name="deploys", lock="while_executing", lock_args_method=lambda app, seq: [app])
 def reindex(app, seq):
     deploy.fn(app, seq)
+
+
+@dramatiq.actor(
+    broker=broker, queue_name="deploys", lock="while_executing", on_conflict="cancel_in_progress",
+    lock_args_method=lambda app, seq: [app],
+)
+async def deploy_async(app, seq):
+    client.rpush("test:runs", f"start {{seq}} {{time.time()}}")
+    try:
+        await asyncio.sleep(60 if seq == 0 else 0.3)
+        client.rpush("test:runs", f"done {{seq}} {{time.time()}}")
+    except asyncio.CancelledError:
+        client.rpush("test:runs", f"cancelled {{seq}} {{time.time()}}")
+        raise
+    finally:
+        client.rpush("test:runs", f"end {{seq}} {{time.time()}}")
 """
 )
 
@@ -100,7 +119,7 @@ def events(client) -> list[str]:
 
 def assert_never_overlapping(client) -> None:
     """Each run ends (its `finally`) before the next one starts."""
-    kinds = [what for what, _, _ in runs(client) if what != "done"]
+    kinds = [what for what, _, _ in runs(client) if what not in ("done", "cancelled")]
     assert kinds == ["start", "end"] * (len(kinds) // 2), events(client)
 
 
@@ -151,3 +170,27 @@ def test_a_sigkilled_holder_cannot_be_interrupted_its_lease_lapses_and_the_newer
     deploy.send("shop", 1)
     wait_for(lambda: "end 1" in events(redis_client), timeout=30)
     assert events(redis_client) == ["start 0", "start 1", "done 1", "end 1"]
+
+
+@pytest.mark.slow
+def test_a_newer_send_cancels_the_task_of_a_running_async_actor(worker, deploy, redis_client):
+    deploy_async = dramatiq.actor(
+        lambda app, seq: None,
+        actor_name="deploy_async",
+        broker=deploy.broker,
+        queue_name="deploys",
+        lock="while_executing",
+        on_conflict="cancel_in_progress",
+        lock_args_method=lambda app, seq: [app],
+    )
+    worker()
+    deploy_async.send("shop", 0)
+    wait_for(lambda: "start 0" in events(redis_client), timeout=30)
+    sent_at = time.time()
+    deploy_async.send("shop", 1)
+    wait_for(lambda: "end 1" in events(redis_client), timeout=10)
+    ended_at = next(at for what, seq, at in runs(redis_client) if (what, seq) == ("end", 0))
+    assert ended_at - sent_at < 2 * HEARTBEAT / 1000 + 1
+    time.sleep(1)
+    assert events(redis_client) == ["start 0", "cancelled 0", "end 0", "start 1", "done 1", "end 1"]
+    assert_never_overlapping(redis_client)
