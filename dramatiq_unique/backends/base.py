@@ -661,7 +661,8 @@ class LockBackend(abc.ABC):
     def request_stop(self, key: str, message_ids: Sequence[str] = ()) -> list[str]:
         """Ask running holders of the lock at ``key`` to stop: each is marked in its own record, so
         the request goes with its place, and its worker learns it in the answer to its next
-        renewal (a :class:`StopRequested` from :meth:`renew_many`). Queued holders are left alone.
+        renewal (a :class:`~dramatiq_unique.backends.StopRequested` from :meth:`renew_many`).
+        Queued holders are left alone.
         This implementation says the backend cannot.
 
         Parameters:
@@ -677,7 +678,7 @@ class LockBackend(abc.ABC):
         """Renew several leases at once, each as :meth:`renew` does, in as few round trips as the
         backend can: a worker's heartbeat renews every lease that is due together. This
         implementation renews them one by one; a backend may do better. The expiry of a place
-        whose holder was asked to stop is a :class:`StopRequested`.
+        whose holder was asked to stop is a :class:`~dramatiq_unique.backends.StopRequested`.
 
         Parameters:
           leases(list[Lease]): The places to renew; a key may come more than once (a lock with
