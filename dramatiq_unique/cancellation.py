@@ -24,6 +24,7 @@ from .errors import Cancelled, LockBackendError
 from .events import BACKEND_ERROR, CANCELLED, EventSubject
 from .forks import reset_in_child
 from .keys import RUN
+from .native import gevent_patched
 
 if TYPE_CHECKING:
     from .lock import MessageLock
@@ -51,6 +52,19 @@ class Cancellations:
         """Interrupt the message of ``subject``, which runs in the thread whose id is ``thread``:
         its holder was asked to stop. Called by the heartbeat thread while the message still
         holds its lease; a message is interrupted once."""
+        if gevent_patched():
+            # A greenlet cannot be interrupted from this native thread: the holder runs to its end.
+            with self._mutex:
+                if self._interrupted.setdefault(subject.message_id, "") == "":
+                    self.logger.warning(
+                        "Message %r of actor %r was asked to stop (lock %r), but a message under gevent cannot be "
+                        "interrupted: it runs to its end.",
+                        subject.message_id,
+                        subject.actor_name,
+                        subject.digest,
+                    )
+                    self._interrupted[subject.message_id] = "-"
+            return
         with self._mutex:
             if subject.message_id in self._interrupted:
                 return
@@ -65,12 +79,13 @@ class Cancellations:
 
     def interrupted(self, message_id: str) -> bool:
         """Whether the message was interrupted and has not left yet."""
-        return message_id in self._interrupted
+        return self._interrupted.get(message_id, "-") != "-"
 
     def forget(self, message_id: str) -> None:
         """The message left the worker."""
-        with self._mutex:
-            self._interrupted.pop(message_id, None)
+        if self._interrupted:
+            with self._mutex:
+                self._interrupted.pop(message_id, None)
 
 
 def ask_to_stop(lock: MessageLock, holders: tuple[str, ...]) -> None:

@@ -157,6 +157,8 @@ class WorkerSide:
     def finish(self, message: MessageProxy) -> None:
         """The message leaves the worker: it ran, raised, or was skipped. Give up what it no longer holds."""
         _set_current_lock(None)
+        if self.cancellations is not None:
+            self.cancellations.forget(message.message_id)
         thread = self._thread
         thread.message = None
         lock, thread.processing = thread.processing, None

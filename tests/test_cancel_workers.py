@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
 import dramatiq
 import pytest
@@ -16,6 +18,7 @@ from dramatiq.middleware import TimeLimit
 from dramatiq.results import ResultFailure, Results
 from dramatiq.results.backends import RedisBackend as RedisResults
 
+import dramatiq_unique
 from dramatiq_unique import RedisBackend, UniqueJobs
 
 from .support import wait_for
@@ -194,3 +197,54 @@ def test_a_newer_send_cancels_the_task_of_a_running_async_actor(worker, deploy, 
     time.sleep(1)
     assert events(redis_client) == ["start 0", "cancelled 0", "end 0", "start 1", "done 1", "end 1"]
     assert_never_overlapping(redis_client)
+
+
+GEVENT_SCRIPT = (
+    WORKER_PREAMBLE
+    + f"""
+broker = RedisBroker(url=URL)
+unique = UniqueJobs(backend=RedisBackend(url=URL), lease_period=3000, heartbeat_interval={HEARTBEAT})
+broker.add_middleware(unique, before=TimeLimit)
+broker.add_middleware(Ready())
+
+
+@dramatiq.actor(
+    broker=broker, queue_name="deploys", lock="while_executing", on_conflict="cancel_in_progress",
+    lock_args_method=lambda app, seq: [app],
+)
+def deploy(app, seq):
+    client.rpush("test:runs", f"start {{seq}} {{time.time()}}")
+    try:
+        time.sleep(3 if seq == 0 else 0.3)  # yields to the hub under gevent
+        client.rpush("test:runs", f"done {{seq}} {{time.time()}}")
+    finally:
+        client.rpush("test:runs", f"end {{seq}} {{time.time()}}")
+"""
+)
+
+
+@pytest.mark.slow
+def test_under_gevent_the_holder_is_not_interrupted_and_the_newer_runs_after_it(
+    processes,  # noqa: F811
+    tmp_path,
+    redis_url,
+    redis_client,
+    deploy,
+):
+    # A greenlet cannot be interrupted from the periodic native thread: the holder runs to its end
+    # (as the docs say), the newer message waits in the run lock's line, then runs; never beside it.
+    (tmp_path / "gdeploys.py").write_text(GEVENT_SCRIPT)
+    path = os.pathsep.join([str(Path(dramatiq_unique.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
+    cli = processes(
+        [str(Path(sys.executable).parent / "dramatiq-gevent"), "gdeploys:broker", "--processes", "1"],
+        UNIQUE_TEST_REDIS_URL=redis_url,
+        PYTHONPATH=path,
+    )
+    wait_for(lambda: redis_client.llen("test:ready") == 1, timeout=30)
+    deploy.send("shop", 0)
+    wait_for(lambda: "start 0" in events(redis_client), timeout=30)
+    deploy.send("shop", 1)
+    wait_for(lambda: "end 1" in events(redis_client), timeout=20)
+    assert events(redis_client) == ["start 0", "done 0", "end 0", "start 1", "done 1", "end 1"]
+    cli.log.seek(0)
+    assert "cannot be interrupted: it runs to its end" in cli.log.read().decode()
