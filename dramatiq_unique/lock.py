@@ -616,6 +616,7 @@ class MessageLock:
                 "replaceable": state == "queued"
                 and self.config.client_strategy.replaces_queued_holders
                 and not has_followers(self.sent),
+                "stop_requested": False,
             },
         )
 
