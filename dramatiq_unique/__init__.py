@@ -4,6 +4,7 @@ from .activity import ActivityReport, MinuteActivity, read_activity
 from .backends import LockBackend, RedisBackend, StubBackend
 from .current import HeldLock, current_lock, require_current_lock
 from .errors import (
+    Cancelled,
     DuplicateMessage,
     EnqueueCancelled,
     InvalidBackendOptions,
@@ -75,4 +76,5 @@ __all__ = [
     "LineNeedsBroker",
     "NoLockHeld",
     "EnqueueCancelled",
+    "Cancelled",
 ]

@@ -32,7 +32,7 @@ from .default_backend import URL_VARIABLE
 from .digest import DIGEST_LENGTH
 from .errors import InvalidBackendOptions, LineNeedsBroker, LockArgumentsError, LockBackendError
 from .held import RUNNING, ConflictInfo, HolderInfo, LockInfo
-from .keys import digest_of
+from .keys import RUN, digest_of
 from .links import EXTRAS
 from .middleware import UniqueJobs
 from .operations import Locks, unique_jobs_of
@@ -624,6 +624,49 @@ def _running_note(running: Sequence[HolderInfo]) -> str:
     )
 
 
+def declare_cancel(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "cancel",
+        help="stop the running holder of a digest's run lock",
+        description="Ask the running holders of a digest's run lock to stop: each worker interrupts its message at "
+        "its next lease renewal. The place stays held until the message has stopped, so no duplicate starts "
+        "meanwhile. A holder whose worker died is not interrupted: its lease lapses.",
+    )
+    parser.add_argument("digest", type=_digest_argument, metavar="DIGEST", help="the digest whose holder to stop")
+    parser.add_argument("--message-id", metavar="ID", help="stop only this message")
+    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    parser.set_defaults(run=run_cancel, parser=parser)
+
+
+def run_cancel(context: Context, args: argparse.Namespace) -> int:
+    digest = _resolve(context, args.digest)
+    found = [
+        running
+        for running in (
+            lock.only(message_id=args.message_id, state=RUNNING) if lock.kind == RUN else None
+            for lock in _held(context, digest)
+        )
+        if running is not None
+    ]
+    what = f"of digest {digest!r}"
+    if not found:
+        context.print(f"No message {what} runs holding a run lock: nothing to cancel.")
+        return RET_NOT_FOUND
+    if not args.yes:
+        question = f"Stop {count(sum(len(lock.holders) for lock in found), 'running message')} {what}?"
+        if not context.confirm(question):
+            context.print("Nothing was cancelled.")
+            return RET_ABORTED
+    asked = context.locks.cancel(digest, args.message_id)
+    context.print(
+        f"Asked {count(sum(len(lock.holders) for lock in asked), 'running message')} {what} to stop"
+        + (": each stops at its worker's next lease renewal, and keeps its place until then." if asked else ".")
+    )
+    for line in lock_table(asked, indent="  ", width=context.width) if asked else ():
+        context.print(line)
+    return RET_OK
+
+
 def declare_reap(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "reap",
@@ -789,6 +832,7 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     declare_explain,
     declare_history,
     declare_unlock,
+    declare_cancel,
     declare_reap,
     declare_stats,
     declare_web,

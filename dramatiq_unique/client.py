@@ -69,6 +69,8 @@ class ClientSide:
       check_store(collections.abc.Callable): Checks the lock store's eviction policy the first
         time it is called, before the first enqueue lock is taken; later calls cost nothing.
       logger(logging.Logger): The middleware's logger.
+      interrupted(collections.abc.Callable): Whether a message was interrupted because its
+        holder was asked to stop: Dramatiq's retry of it is dropped.
     """
 
     def __init__(
@@ -80,7 +82,9 @@ class ClientSide:
         processed: Callable[[], tuple[MessageProxy | None, MessageLock | None]],
         check_store: Callable[[], None],
         logger: logging.Logger,
+        interrupted: Callable[[str], bool] = lambda message_id: False,
     ):
+        self.interrupted = interrupted
         self.configs = configs
         self.lock_for = locks.build
         self.outage = outage
@@ -162,6 +166,8 @@ class ClientSide:
         config = self.configs.for_message(message)
         if config is None:
             return
+        if self.interrupted(message.message_id) and self._drops_retry_of_cancelled(message):
+            raise EnqueueCancelled("The message was cancelled: it is not retried.", message)
         outcome = enqueue_outcome(message)
         if self._passes_unlocked(outcome, delay):
             return
@@ -250,6 +256,17 @@ class ClientSide:
             self._try_again_later(broker, lock, delay, f"its conflict strategy {strategy.name!r} raised {e!r}")
 
     # Sorting an enqueue --------------------------------------------------------------
+
+    def _drops_retry_of_cancelled(self, message: Message[Any]) -> bool:
+        """Whether this is Dramatiq's retry of the message this worker thread processed, which
+        was interrupted because its holder was asked to stop: it is dropped."""
+        processed = self.processed()[0]
+        if processed is None or processed.message_id != message.message_id:
+            return False
+        self.logger.info(
+            "Message %r of actor %r is not retried: it was cancelled.", message.message_id, message.actor_name
+        )
+        return True
 
     @staticmethod
     def _passes_unlocked(outcome: EnqueueOutcome, delay: int | None) -> bool:

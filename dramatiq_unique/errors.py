@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dramatiq import Retry
-from dramatiq.middleware import MiddlewareError
+from dramatiq.middleware import Interrupt, MiddlewareError
 
 from .version import RECORD_FORMAT
 
@@ -155,3 +155,15 @@ class EnqueueCancelled(UniqueError):
     def __init__(self, reason: str, message: Message[Any] | MessageProxy):
         super().__init__(reason)
         self.message = message
+
+
+class Cancelled(Interrupt):
+    """Raised in the thread of a running message whose holder was asked to stop: a newer
+    message of a ``cancel_in_progress`` actor met it, or an operator cancelled it
+    (:meth:`~dramatiq_unique.Locks.cancel`). An async actor's task is cancelled instead.
+
+    Like Dramatiq's ``TimeLimitExceeded``, it derives from
+    :class:`dramatiq.middleware.Interrupt`, not from :class:`UniqueError` nor ``Exception``, so
+    that an ``except Exception`` in the actor does not swallow it, while its ``finally``
+    blocks run. The message is neither retried nor dead-lettered.
+    """

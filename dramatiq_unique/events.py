@@ -44,6 +44,9 @@ REPLACED = "replaced"
 WAITING = "waiting"
 #: A message that waited in line was handed a place, and is enqueued.
 HANDED_OVER = "handed_over"
+#: A running message was interrupted with ``Cancelled``: its holder was asked to stop
+#: (``cancel_in_progress``, or an operator's cancel). It is neither retried nor dead-lettered.
+CANCELLED = "cancelled"
 
 #: Every kind of event, as passed to :meth:`Events.subscribe`.
 EVENT_KINDS = frozenset(
@@ -61,6 +64,7 @@ EVENT_KINDS = frozenset(
         REPLACED,
         WAITING,
         HANDED_OVER,
+        CANCELLED,
     }
 )
 
@@ -83,7 +87,8 @@ class LockEvent:
       message_id(str): The message.
       lock(str): The lock type, e.g. ``"until_executed"``.
       lock_kind(str): ``"enqueue"`` or ``"run"``: which of the digest's two
-        locks (acquired, released, lapsed, lease_lost, reaped, replaced, waiting, handed_over).
+        locks (acquired, released, lapsed, lease_lost, reaped, replaced, waiting, handed_over,
+        cancelled).
       token(int): The fencing token of the place taken (acquired).
       side(str): ``"client"`` (at enqueue) or ``"server"`` (at start) (conflict).
       strategy(str): The conflict strategy that deals with the duplicate (conflict).
@@ -122,7 +127,7 @@ class LockEvent:
 
 #: The kinds of event that tell why a message did not run as sent, or not yet: their events
 #: carry the message's call and lock prefix, for the conflict trail.
-TRAIL_KINDS = frozenset({CONFLICT, RESCHEDULED, REJECTED, REPLACED, WAITING, BACKEND_ERROR})
+TRAIL_KINDS = frozenset({CONFLICT, RESCHEDULED, REJECTED, REPLACED, WAITING, BACKEND_ERROR, CANCELLED})
 
 
 class EventSubject(NamedTuple):

@@ -25,7 +25,7 @@ from dramatiq.common import q_name
 from .backends import LockBackend
 from .digest import DIGEST_LENGTH, compute_digest, lock_arguments
 from .errors import InvalidLockOptions, LockBackendError, LockStoreHealing
-from .events import BACKEND_ERROR, CONFLICT, REJECTED, REPLACED, RESCHEDULED, WAITING, LockEvent
+from .events import BACKEND_ERROR, CANCELLED, CONFLICT, REJECTED, REPLACED, RESCHEDULED, WAITING, LockEvent
 from .held import QUEUED, RUNNING, ConflictInfo
 from .keys import ENQUEUE, RUN, digest_of, enqueue_key, history_key, prefix_of, run_key
 
@@ -49,6 +49,7 @@ WAITING_OUTCOME = "waiting"  #: waits in the lock's line (``wait``, ``keep_lates
 DISPLACED = "displaced"  #: a waiter whose place in the line a newer message took (``keep_latest``)
 HEALING = "healing"  #: refused while the lock store healed after a loss of its data
 OUTAGE = "outage"  #: met a lock backend that failed
+CANCELLED_OUTCOME = "cancelled"  #: stopped while it ran (``cancel_in_progress``, or an operator's cancel)
 OUTCOMES = (
     DROPPED,
     RAISED,
@@ -59,6 +60,7 @@ OUTCOMES = (
     DISPLACED,
     HEALING,
     OUTAGE,
+    CANCELLED_OUTCOME,
 )
 
 #: The outcome of a conflict, by the strategy that deals with it; a strategy of your own is
@@ -106,7 +108,7 @@ def check_history_options(*, history: Any, history_limit: Any, history_retention
 HOLDER_LOOKUPS = 32
 
 #: The event kinds the recorder subscribes to.
-KINDS = (CONFLICT, RESCHEDULED, REJECTED, REPLACED, WAITING, BACKEND_ERROR)
+KINDS = (CONFLICT, RESCHEDULED, REJECTED, REPLACED, WAITING, BACKEND_ERROR, CANCELLED)
 
 
 class _Thread(threading.local):
@@ -202,6 +204,8 @@ class ConflictRecorder:
             return WAITING_OUTCOME
         if kind == BACKEND_ERROR:
             return HEALING if isinstance(event.error, LockStoreHealing) else OUTAGE
+        if kind == CANCELLED:
+            return CANCELLED_OUTCOME
         return RESCHEDULED_OUTCOME if kind == RESCHEDULED else REJECTED_OUTCOME
 
     def _fields(

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from .backends import Holder, Lease, LockBackend, MessagesInHand
+from .backends import Holder, Lease, LockBackend, MessagesInHand, StopRequested
 from .errors import LockBackendError
 from .events import BACKEND_ERROR, DATA_LOST, LEASE_LOST, Events, EventSubject, LockEvent
 from .keys import RUN, registry_key
@@ -64,6 +64,10 @@ class _Lease:
     #: How to take the place again after the store lost its data: its lock's limit and its holder.
     limit: int = 1
     holder: Holder | None = None
+    #: The id of the thread that runs the message, to interrupt it when its holder is asked to stop.
+    thread: int = 0
+    #: Renewed at every heartbeat, so that a request to stop reaches it within one interval.
+    eager: bool = False
 
 
 class Liveness:
@@ -83,6 +87,9 @@ class Liveness:
       in_hand(collections.abc.Callable): What each heartbeat publishes of the messages in
         this process's hands, or ``None`` for nothing; given a time of the backend's clock
         that is not yet past.
+      on_stop_requested(collections.abc.Callable): Called, by the heartbeat thread, with the id
+        of the thread that runs a message and what its lock is about, when a renewal answers that
+        its holder was asked to stop; while the message still holds its lease.
       on_cut_off(collections.abc.Callable): Called with ``True`` when no heartbeat has been
         answered for a whole lease period, or since the process registered, and with ``False``
         when one is answered again; and with the milliseconds since the last heartbeat that was
@@ -101,6 +108,7 @@ class Liveness:
         running: Callable[[], bool],
         in_hand: Callable[[int], MessagesInHand | None] = lambda taken_at: None,
         on_cut_off: Callable[[bool, int | None], None] = lambda cut_off, since: None,
+        on_stop_requested: Callable[[int, EventSubject], None] | None = None,
     ):
         self.backend = backend
         self.events = events
@@ -115,6 +123,7 @@ class Liveness:
         self._running = running
         self._in_hand = in_hand
         self._on_cut_off = on_cut_off
+        self._on_stop_requested = on_stop_requested
         self._mutex = threading.Lock()
         self._leases: dict[tuple[str, str], _Lease] = {}
         #: The places whose release failed, tried again each round, with when each frees itself.
@@ -248,20 +257,31 @@ class Liveness:
         subject: EventSubject,
         limit: int = 1,
         holder: Holder | None = None,
+        eager: bool = False,
     ) -> None:
         """Renew this run lock until :meth:`drop`; a place that never lapses needs nothing.
+        Called by the thread that runs the message.
 
         Parameters:
           subject(EventSubject): What to tell of a lost lease, or of a renewal that failed.
           limit(int): The lock's limit, and
           holder(Holder): its holder's record: to take the place again when the store
             lost its data while the message runs; ``None`` never does.
+          eager(bool): Renew it at every heartbeat, not only when it is due, so that a request
+            to stop reaches it within one heartbeat interval (``cancel_in_progress``).
         """
         if expires_at and (deadline is None or expires_at < deadline):
+            lease = _Lease(
+                expires_at=expires_at,
+                deadline=deadline,
+                subject=subject,
+                limit=limit,
+                holder=holder,
+                thread=threading.get_ident(),
+                eager=eager,
+            )
             with self._mutex:
-                self._leases[(key, owner)] = _Lease(
-                    expires_at=expires_at, deadline=deadline, subject=subject, limit=limit, holder=holder
-                )
+                self._leases[(key, owner)] = lease
 
     def drop(self, key: str, owner: str) -> int | None:
         """Stop renewing this run lock: its message finished. Tells of a lease that ran out
@@ -442,7 +462,11 @@ class Liveness:
         # After a loss of the store's data, every lease is looked at at once: each lost one is told as such.
         horizon = now + 2 * self.heartbeat_interval
         with self._mutex:
-            due = [(k, lease) for k, lease in self._leases.items() if data_lost or lease.expires_at <= horizon]
+            due = [
+                (k, lease)
+                for k, lease in self._leases.items()
+                if data_lost or lease.expires_at <= horizon or lease.eager
+            ]
         lost: list[tuple[str, _Lease]] = []
         retaken: list[str] = []
         answers: list[int | None | LockBackendError] = []
@@ -483,6 +507,9 @@ class Liveness:
                     del self._leases[(key, owner)]  # lock_ttl ends it; nothing more to renew
                 else:
                     lease.expires_at = expires_at
+                if isinstance(expires_at, StopRequested) and self._on_stop_requested is not None:
+                    # Under the mutex: the message still holds its lease, so it still runs.
+                    self._on_stop_requested(lease.thread, lease.subject)
             if expires_at is None:
                 lost.append((key, lease))
         self._renewed_at = time.monotonic()

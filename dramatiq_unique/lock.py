@@ -561,7 +561,16 @@ class MessageLock:
                     subject=self.subject,
                     limit=self.config.lock_limit,
                     holder=self._running_holder(),
+                    eager=self.config.server_strategy.cancels_running_holders,
                 )
+
+    def ask_holders_to_stop(self, holders: tuple[str, ...]) -> list[str]:
+        """Ask the running ``holders`` of the run lock to stop (``cancel_in_progress``).
+
+        Returns:
+          list[str]: The message_ids of those asked: the ones still running.
+        """
+        return self.backend.request_stop(self.run_key, holders)
 
     @property
     def copy(self) -> str:
@@ -617,6 +626,7 @@ class MessageLock:
                 and not has_followers(self.sent),
                 # Only an actor with lock_info pays for its call, once per message.
                 "call": self.call if self.config.lock_info else None,
+                "stop_requested": False,
             },
         )
 

@@ -25,6 +25,7 @@ from dramatiq import Broker, Middleware
 from .events import (
     ACQUIRED,
     BACKEND_ERROR,
+    CANCELLED,
     CONFLICT,
     DATA_LOST,
     HANDED_OVER,
@@ -65,6 +66,11 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     HANDED_OVER: (
         "dramatiq_unique_handoffs",
         "The number of messages that waited in a lock's line and were handed a place.",
+        (),
+    ),
+    CANCELLED: (
+        "dramatiq_unique_cancellations",
+        "The number of running messages interrupted because their holder was asked to stop.",
         (),
     ),
 }

@@ -17,7 +17,7 @@ from dramatiq.middleware import Retries
 from .backends import LockBackend
 from .client import ClientSide
 from .default_backend import default_backend
-from .errors import InvalidLockOptions, UniqueError
+from .errors import Cancelled, InvalidLockOptions, UniqueError
 from .events import Events, Subscriber
 from .eviction import EvictionCheck
 from .forks import reset_in_child
@@ -311,7 +311,10 @@ class UniqueJobs(Middleware):
         outage = Outage(
             on_backend_error=on_backend_error, logger=self.logger, releases_retried=lambda: self.runtime.running
         )
-        self.worker_side = WorkerSide(configs=self.configs, locks=locks, outage=outage, logger=self.logger)
+        cancellations = self.runtime.cancellations
+        self.worker_side = WorkerSide(
+            configs=self.configs, locks=locks, outage=outage, logger=self.logger, cancellations=cancellations
+        )
         self.client_side = ClientSide(
             configs=self.configs,
             locks=locks,
@@ -319,6 +322,7 @@ class UniqueJobs(Middleware):
             processed=self.worker_side.processed,
             check_store=self._eviction_check,
             logger=self.logger,
+            interrupted=cancellations.interrupted,
         )
         # Last: the parts above are complete before any thread sees the backend as chosen.
         self._backend = backend
@@ -507,6 +511,8 @@ class UniqueJobs(Middleware):
     def after_process_message(
         self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None
     ) -> None:
+        if isinstance(exception, Cancelled):
+            self.worker_side.stopped(broker, message, exception)
         self.worker_side.finish(message)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:

@@ -26,7 +26,7 @@ from .backends import LockBackend, LockRecord
 from .calls import short_call
 from .digest import DIGEST_LENGTH, compute_digest, encodes_as_utf8, lock_arguments
 from .errors import InvalidLockOptions
-from .held import QUEUED, STATES, ConflictInfo, Explanation, HolderInfo, LockInfo, WorkerInfo
+from .held import QUEUED, RUNNING, STATES, ConflictInfo, Explanation, HolderInfo, LockInfo, WorkerInfo
 from .history import DEFAULT_HISTORY_READ, EXPLAINED_HISTORY, history_of, read_history
 from .keys import ENQUEUE, RUN, digest_of, enqueue_key, prefix_of, registry_key, run_key
 from .options import DEFAULT_LOCK_PREFIX, LOCK_INFO_LENGTH, LockConfig, prefix_problem
@@ -558,6 +558,41 @@ class Locks:
         if message_id is not None:
             found = tuple(lock for lock in (lock.only(message_id=message_id) for lock in found) if lock is not None)
         return self.release(found)
+
+    def cancel(self, digest: str, message_id: str | None = None) -> tuple[LockInfo, ...]:
+        """Stop the running holders of the run lock of ``digest``, or only ``message_id``: each
+        is asked to stop, and its worker interrupts it with :class:`~dramatiq_unique.Cancelled`
+        at its next lease renewal, as ``cancel_in_progress`` does. Unlike :meth:`unlock`, the
+        place stays held until the holder has stopped, so no second copy starts meanwhile.
+
+        Only a run lock's holders can be cancelled (``while_executing``,
+        ``until_and_while_executing``): their workers renew their leases. A holder whose worker
+        died is not interrupted; its lease lapses.
+
+        Returns:
+          tuple[LockInfo]: The run locks with the holders asked to stop; empty when no running
+          holder matched.
+        """
+        asked_locks: builtins.list[LockInfo] = []
+        for lock in self.get(digest):
+            running = [
+                h
+                for h in lock.holders
+                if lock.kind == RUN and h.state == RUNNING and message_id in (None, h.message_id)
+            ]
+            if not running:
+                continue
+            asked = set(self.backend.request_stop(lock.key, [h.message_id for h in running]))
+            holders = tuple(h for h in running if h.message_id in asked)
+            if holders:
+                asked_locks.append(dataclasses.replace(lock, holders=holders))
+                self.logger.info(
+                    "The running message %s of actor %r was asked by hand to stop (run lock %r).",
+                    ", ".join(repr(h.message_id) for h in holders),
+                    lock.actor,
+                    lock.digest,
+                )
+        return tuple(asked_locks)
 
     def unlock_all(self, *, actor: str) -> tuple[LockInfo, ...]:
         """Free every place held by messages of ``actor``, as read (see :meth:`release`).

@@ -186,6 +186,8 @@ def resolve(subject: str, options: Mapping[str, Any]) -> LockConfig | None:
     lock = LOCK_TYPES.get(lock_name) if isinstance(lock_name, str) else None
     if lock is None:
         check.fail("lock", f"is not a lock type. Valid choices are: {_choices(LOCK_TYPES)}")
+    if client_strategy.cancels_running_holders or server_strategy.cancels_running_holders:
+        _check_cancelling(subject, options["on_conflict"], lock, server_strategy)
     if lock.requires_ttl:
         _check_strategies_for_ttl_only(subject, options["on_conflict"], lock, (client_strategy, server_strategy))
     if lock.requires_ttl and options["lock_ttl"] is None:
@@ -234,6 +236,25 @@ def _check_debounced(
             f"{subject} uses debounce={debounce!r} with on_conflict={options['on_conflict']!r}: a newer send takes "
             "the waiting message's place only under a client strategy that replaces queued holders. Valid choices "
             f"on the client side there are: {_choices(replacing)}."
+        )
+
+
+def _check_cancelling(subject: str, on_conflict: Any, lock: LockType, server_strategy: ConflictStrategy) -> None:
+    """A strategy that stops the running holder does it where a duplicate meets it, in the run
+    lock, whose lease renewals carry the request to the holder's worker."""
+    if not lock.takes_run_lock:
+        usable = (name for name, t in LOCK_TYPES.items() if t.takes_run_lock)
+        raise InvalidLockOptions(
+            f"{subject} uses on_conflict={on_conflict!r} with lock={lock.name!r}: a running holder is asked to stop "
+            "through its run lock, whose lease its worker renews, and this lock type takes none. "
+            f"Valid choices of lock there are: {_choices(usable)}."
+        )
+    if not server_strategy.cancels_running_holders:
+        cancelling = (name for name, s in STRATEGIES.items() if SERVER in s.sides and s.cancels_running_holders)
+        raise InvalidLockOptions(
+            f"{subject} uses on_conflict={on_conflict!r}: a running holder is asked to stop on the server side, "
+            "where a duplicate meets it in the run lock, so the strategy must be chosen there. "
+            f"Valid choices on the server side there are: {_choices(cancelling)}."
         )
 
 

@@ -41,6 +41,7 @@ from functools import partial
 
 from .activity import ActivityCounter
 from .backends import LockBackend
+from .cancellation import Cancellations
 from .cut_off import CutOff
 from .errors import LockBackendError
 from .events import Events
@@ -129,6 +130,8 @@ class Runtime:
         #: cannot be asked for a message by its id.
         self.in_hand = InHand(interval=heartbeat_interval)
         self.cut_off = CutOff(holds_back=holds_back_when_cut_off, logger=logger)
+        #: The messages interrupted because their holder was asked to stop.
+        self.cancellations = Cancellations(logger=logger)
         self.liveness = Liveness(
             periodic_backend,
             prefix=prefix,
@@ -139,6 +142,7 @@ class Runtime:
             running=lambda: self.running,
             in_hand=self.in_hand.publication,
             on_cut_off=self.cut_off.changed,
+            on_stop_requested=self.cancellations.interrupt,
         )
         self.releases = (
             BackgroundReleases(backend, logger=logger, events=events, retry=self.liveness.retry_release)

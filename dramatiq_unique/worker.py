@@ -16,6 +16,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import SkipMessage
 
 from .backends import Acquisition
+from .cancellation import Cancellations, ask_to_stop, tell_cancelled
 from .conflicts import TRY_AGAIN, conflict_of, strategy_for, waited_in_line
 from .current import _set_current_lock
 from .errors import LockBackendError, LockStoreHealing
@@ -50,9 +51,20 @@ class WorkerSide:
       locks(LockFactory): Builds a message's locks.
       outage(Outage): What a backend failure does.
       logger(logging.Logger): The middleware's logger.
+      cancellations(Cancellations): This process's messages interrupted because their holder
+        was asked to stop.
     """
 
-    def __init__(self, *, configs: ActorConfigs, locks: LockFactory, outage: Outage, logger: logging.Logger):
+    def __init__(
+        self,
+        *,
+        configs: ActorConfigs,
+        locks: LockFactory,
+        outage: Outage,
+        logger: logging.Logger,
+        cancellations: Cancellations | None = None,
+    ):
+        self.cancellations = cancellations
         self.configs = configs
         self.lock_for = locks.build
         self.outage = outage
@@ -123,6 +135,8 @@ class WorkerSide:
             waited_in_line(lock, acquisition, SERVER)
             # Its INFO line says it waits: Dramatiq's "was skipped" WARNING is left out.
             WAITING.mark(message.message_id)
+            if lock.config.server_strategy.cancels_running_holders:
+                ask_to_stop(lock, acquisition.holders)
             raise SkipMessage("The message waits in the lock's line.")
         if acquisition is not None and not acquisition.acquired:
             self._conflict(broker, lock, acquisition.holders)
@@ -134,10 +148,21 @@ class WorkerSide:
         if processing is not None and processing.message_id == message.message_id:
             processing.requeued = True
 
+    def stopped(self, broker: Broker, message: MessageProxy, exception: BaseException) -> None:
+        """The message was interrupted with ``Cancelled``: tell what became of it, before
+        :meth:`finish` gives its locks up."""
+        lock = self._thread.processing
+        if lock is not None and lock.message_id == message.message_id:
+            tell_cancelled(broker, message, lock, exception)
+        if self.cancellations is not None:
+            self.cancellations.forget(message.message_id)
+
     def finish(self, message: MessageProxy) -> None:
         """The message leaves the worker: it ran, raised, or was skipped. Give up what it no longer holds."""
         _set_current_lock(None)
         WAITING.clear()
+        if self.cancellations is not None:
+            self.cancellations.forget(message.message_id)
         thread = self._thread
         thread.message = None
         lock, thread.processing = thread.processing, None

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from dramatiq_unique import Locks, RedisBackend, StubBackend
-from dramatiq_unique.backends import Acquisition, Holder, Lease, LockBackend, LockRecord, Waiter
+from dramatiq_unique.backends import Acquisition, Holder, Lease, LockBackend, LockRecord, StopRequested, Waiter
 from dramatiq_unique.backends.base import LAPSED
 from dramatiq_unique.digest import compute_digest
 from dramatiq_unique.errors import LineNeedsBroker, LockBackendError, LockStoreHealing
@@ -118,7 +118,10 @@ def outcome(answer: Any) -> Any:
 
 
 def renewed(answer: int | None | LockBackendError) -> Any:
-    """A renewal's answer: no place, a place that never lapses, or a new expiry."""
+    """A renewal's answer: no place, a place that never lapses, or a new expiry (of a holder
+    asked to stop, or not)."""
+    if isinstance(answer, StopRequested):
+        return ("asked to stop", renewed(int(answer)))
     if isinstance(answer, int) and answer > 0:
         return "expires"
     return outcome(answer)
@@ -400,6 +403,13 @@ class BackendModel(RuleBasedStateMachine):
         chosen = [(key, self.owner(data, key)) for key in (self.key(data) for _ in range(count))]
         answers = self.both(lambda _, b: b.renew_many([Lease(key, owner, LONG) for key, owner in chosen]))
         self.same(answers, lambda answer: [renewed(a) for a in answer])
+
+    @rule(data=st.data(), count=st.integers(min_value=0, max_value=2))
+    def request_stop(self, data: st.DataObject, count: int) -> None:
+        """Running holders asked to stop (cancel): some messages', or every one (none named)."""
+        key = self.key(data)
+        message_ids = [self.message(data, key) for _ in range(count)]
+        self.same(self.both(lambda _, b: b.request_stop(key, message_ids)))
 
     @rule(data=st.data())
     def record_handoff(self, data: st.DataObject) -> None:

@@ -117,8 +117,9 @@ def test_subscribers_receive_every_kind_of_lock_event(make_env):
     assert seen("waiting", "post", message_id=waiting.message_id, side="client", lock_kind="enqueue")
     assert seen("handed_over", "post", message_id=waiting.message_id, lock_kind="enqueue")
     assert conflicts == [e for e in events if e.kind == "conflict"]
-    # The other kinds are told by the heartbeat thread and the reaper: tested in test_data_loss.py and below.
-    assert {e.kind for e in events} == EVENT_KINDS - {"lease_lost", "reaped", "backend_error", "data_lost"}
+    # The other kinds are told by the heartbeat thread and the reaper: tested in test_data_loss.py and
+    # below, and cancelled in test_cancel.py.
+    assert {e.kind for e in events} == EVENT_KINDS - {"lease_lost", "reaped", "backend_error", "data_lost", "cancelled"}
 
 
 @pytest.mark.parametrize(

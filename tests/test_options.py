@@ -102,7 +102,7 @@ from .support import unique_warnings
                 "debounce=300",
                 "on_conflict='log'",
                 "replaces queued holders",
-                "Valid choices on the client side there are: 'replace'",
+                "Valid choices on the client side there are: 'cancel_in_progress', 'replace'",
             ],
         ),
     ],

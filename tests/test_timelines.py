@@ -119,7 +119,26 @@ def check_debounce(lanes):
     assert run.begins >= c.sent + timelines.QUIET_MS - 1
 
 
-CHECKS = {"wait": check_wait, "keep_latest": check_keep_latest, "debounce": check_debounce}
+def check_cancel_in_progress(lanes):
+    # Issue 35: A is interrupted once B asked it to stop; C took B's place in the run lock's line,
+    # and runs once A has stopped, never beside it.
+    a, b, c = lanes
+    assert [lane.status for lane in lanes] == ["enqueued"] * 3
+    assert [lane.fate for lane in lanes] == ["cancelled", "dropped", "done"]
+    (b_line,) = b.during("in line")
+    assert b_line.ends >= c.sent - 1 and not b.during("runs")
+    (a_run,) = a.during("runs")
+    (c_run,) = c.during("runs")
+    assert a_run.ends < timelines.RUN_MS * 20  # interrupted within a few heartbeats, not its 5 s
+    assert c_run.begins >= a_run.ends
+
+
+CHECKS = {
+    "wait": check_wait,
+    "keep_latest": check_keep_latest,
+    "debounce": check_debounce,
+    "cancel_in_progress": check_cancel_in_progress,
+}
 
 
 def test_every_line_scenario_is_checked():
@@ -155,5 +174,6 @@ def test_the_line_picture_draws_what_was_observed():
 
 
 def test_an_unknown_line_scenario_is_refused_with_the_valid_ones():
-    with pytest.raises(ValueError, match="'replace' is not a line scenario; choose one of debounce, keep_latest"):
+    valid = "cancel_in_progress, debounce, keep_latest"
+    with pytest.raises(ValueError, match=f"'replace' is not a line scenario; choose one of {valid}"):
         timelines.observe_line("replace")

@@ -36,7 +36,7 @@ from dramatiq import Worker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import TimeLimit
 
-from dramatiq_unique import LockBackend, Locks, StubBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique import Cancelled, LockBackend, Locks, StubBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.events import CONFLICT, HANDED_OVER, REPLACED, WAITING
 from dramatiq_unique.handoffs import Handoffs
 from dramatiq_unique.lock import MessageLock
@@ -286,6 +286,8 @@ LINE_SCENARIOS = {
     "keep_latest": 'on_conflict="keep_latest": A runs; B waits as its successor until C takes its place.',
     "debounce": "debounce: each of A, B and C waits its quiet period in the delay queue; a newer one takes "
     "its place, and only the last runs.",
+    "cancel_in_progress": 'on_conflict="cancel_in_progress": A runs; B, at its start, asks A to stop and waits '
+    "in the run lock's line until C takes its place; A is cancelled, then C runs.",
 }
 
 #: How long each run lasts in the observed scenarios, in ms.
@@ -329,7 +331,8 @@ class Lane:
       name(str): ``"A"``, ``"B"``, ``"C"``, in the order they were sent.
       status(str): What ``enqueue_outcome()`` said after ``send()``.
       stretches(tuple[Stretch]): Its life from its send to its end, in order.
-      fate(str): ``"done"`` when it ran and returned, ``"dropped"`` when it never ran.
+      fate(str): ``"done"`` when it ran and returned, ``"dropped"`` when it never ran,
+        ``"cancelled"`` when it was interrupted while it ran.
     """
 
     name: str
@@ -368,7 +371,13 @@ class _Moments:
         with self.mutex:
             name = self.names.get(event.message_id or "")
             displaced = self.names.get(event.replaced or "")
-        if event.kind == HANDED_OVER and name:
+        if event.kind == WAITING and event.side == "server":
+            # A message that reached a worker joins the run lock's line, maybe in a waiter's place.
+            if displaced:
+                self.at(displaced, "replaced")
+            if name:
+                self.at(name, "waits")
+        elif event.kind == HANDED_OVER and name:
             self.at(name, "handed over")
         elif event.kind in (REPLACED, WAITING) and displaced:
             self.at(displaced, "replaced")
@@ -384,7 +393,15 @@ class _Moments:
 
 
 #: What each recorded moment begins: the state that follows it (``None``: the message's end).
-_AFTER = {"handed over": "queued", "replaced": "replaced", "starts": "runs", "ends": None, "dropped": None}
+_AFTER = {
+    "handed over": "queued",
+    "replaced": "replaced",
+    "waits": "in line",
+    "starts": "runs",
+    "ends": None,
+    "dropped": None,
+    "cancelled": None,
+}
 
 
 def _lane(name: str, status: str, moments: list[tuple[float, str]]) -> Lane:
@@ -401,8 +418,8 @@ def _lane(name: str, status: str, moments: list[tuple[float, str]]) -> Lane:
             what = "dropped"
         stretches.append(Stretch(state, round(begins, 1), round(when, 1)))
         state, begins = _AFTER[what], when
-        if what in ("ends", "dropped"):
-            fate = "done" if what == "ends" else "dropped"
+        if what in ("ends", "dropped", "cancelled"):
+            fate = {"ends": "done"}.get(what, what)
     return Lane(name=name, status=status, stretches=tuple(s for s in stretches if s.ends > s.begins), fate=fate)
 
 
@@ -421,7 +438,9 @@ def observe_line(scenario: str, backend: LockBackend | None = None) -> tuple[Lan
     prefix = f"timeline-{uuid.uuid4().hex[:8]}"
     broker = StubBroker()
     broker.emit_after("process_boot")
-    unique = UniqueJobs(backend=backend, lock_prefix=prefix, activity=False)
+    # A short heartbeat for cancel_in_progress: the request to stop reaches A within 0.1 s.
+    fast = {"heartbeat_interval": 100, "lease_period": 1000} if scenario == "cancel_in_progress" else {}
+    unique = UniqueJobs(backend=backend, lock_prefix=prefix, activity=False, **fast)
     broker.add_middleware(unique, before=TimeLimit)
     seen = _Moments()
     unique.subscribe([HANDED_OVER, REPLACED, WAITING, CONFLICT], seen.of_event)
@@ -429,6 +448,14 @@ def observe_line(scenario: str, backend: LockBackend | None = None) -> tuple[Lan
 
     def run(name: str) -> None:
         seen.at(name, "starts")
+        if name == "A" and scenario == "cancel_in_progress":
+            try:
+                until = time.monotonic() + 5  # A runs until it is cancelled, in Python
+                while time.monotonic() < until:
+                    time.sleep(0.002)
+            except Cancelled:
+                seen.at(name, "cancelled")
+                raise
         time.sleep(RUN_MS / 1000)
         if name == "A" and scenario != "debounce":
             all_sent.wait(5)  # A runs until B and C are sent, however slow the machine
@@ -437,6 +464,8 @@ def observe_line(scenario: str, backend: LockBackend | None = None) -> tuple[Lan
     options: dict[str, Any] = (
         {"lock": "until_executed", "on_conflict": {"client": "replace"}, "debounce": QUIET_MS}
         if scenario == "debounce"
+        else {"lock": "while_executing", "on_conflict": scenario}
+        if scenario == "cancel_in_progress"
         else {"lock": "until_executed", "on_conflict": scenario}
     )
     actor = declare(run, broker=broker, actor_name=f"line_{scenario}", lock_args_method=lambda name: [], **options)
@@ -456,7 +485,11 @@ def observe_line(scenario: str, backend: LockBackend | None = None) -> tuple[Lan
                 seen.status[name] = "delayed" if status == "enqueued" and scenario == "debounce" else status
             all_sent.set()
             # With keep_latest, a message whose place in the line a newer one took is gone for good.
-            last = ("ends", "dropped", "replaced") if scenario == "keep_latest" else ("ends", "dropped")
+            last = (
+                ("ends", "dropped", "replaced")
+                if scenario in ("keep_latest", "cancel_in_progress")
+                else ("ends", "dropped", "cancelled")
+            )
             deadline = time.monotonic() + 10
             while not seen.finished(3, last) and time.monotonic() < deadline:
                 time.sleep(0.005)

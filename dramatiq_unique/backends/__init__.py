@@ -1,6 +1,16 @@
 """Lock backends: where locks are stored."""
 
-from .base import Acquisition, EvictionRisk, Holder, Lease, LockBackend, LockRecord, MessagesInHand, Waiter
+from .base import (
+    Acquisition,
+    EvictionRisk,
+    Holder,
+    Lease,
+    LockBackend,
+    LockRecord,
+    MessagesInHand,
+    StopRequested,
+    Waiter,
+)
 from .redis import RedisBackend
 from .stub import StubBackend
 
@@ -12,6 +22,7 @@ __all__ = [
     "LockBackend",
     "LockRecord",
     "MessagesInHand",
+    "StopRequested",
     "Waiter",
     "RedisBackend",
     "StubBackend",

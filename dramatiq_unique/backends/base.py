@@ -75,6 +75,9 @@ class Holder:
       call(str): The holder's actor call as a person reads it, e.g. ``reindex('acme', 200)``,
         already cut to its actor's ``lock_info`` bound; ``None``, the default, records none and
         costs no byte.
+      stop_requested(bool): Whether this running holder was asked to stop
+        (``cancel_in_progress``, or an operator's cancel): its worker learns it
+        at its next lease renewal. The request goes with the holder's place.
     """
 
     message_id: str
@@ -86,6 +89,7 @@ class Holder:
     redis_message_id: str | None = None
     replaceable: bool = False
     call: str | None = None
+    stop_requested: bool = False
 
     def to_json(self) -> str:
         """The holder as compact JSON; fields that are not set, and ``replaceable`` when false, are left out."""
@@ -104,6 +108,8 @@ class Holder:
             fields["replaceable"] = True
         if self.call:
             fields["call"] = self.call
+        if self.stop_requested:
+            fields["stop_requested"] = True
         return json.dumps(fields, separators=(",", ":"))
 
     def encode(self, owner: str) -> str:
@@ -121,7 +127,8 @@ class Holder:
             redis_message_id = f"%{ord(redis_message_id[0]):02X}{redis_message_id[1:]}"
         else:
             redis_message_id = escape(redis_message_id)
-        flags = f"{_STATE_CODES[self.state]}{lock}{'+' if self.replaceable else ''}"
+        stop = "!" if self.stop_requested else ""
+        flags = f"{_STATE_CODES[self.state]}{lock}{stop}{'+' if self.replaceable else ''}"
         # Left out when it is the owner, as it is for every enqueue lock.
         message_id = "" if self.message_id == owner else escape(self.message_id)
         worker_id, actor, queue = escape(self.worker_id or ""), escape(self.actor), escape(self.queue)
@@ -171,7 +178,7 @@ def _decode(owner: str, holder: str) -> dict[str, Any]:
     parts = holder.split("|")
     call = parts.pop() if len(parts) == 7 else ""
     flags, worker_id, redis_message_id, actor, queue, message_id = parts
-    if not re.fullmatch("[qr][a-z][+]?[*]?", flags):
+    if not re.fullmatch("[qr][a-z][!]?[+]?[*]?", flags):
         raise ValueError(f"no holder's flags: {flags!r}")
     fields: dict[str, Any] = {"message_id": unescape(message_id) if message_id else owner}
     fields["actor"], fields["queue"] = unescape(actor), unescape(queue)
@@ -186,6 +193,8 @@ def _decode(owner: str, holder: str) -> dict[str, Any]:
         fields["replaceable"] = True
     if flags.endswith("*"):
         fields["handed"] = True
+    if "!" in flags:
+        fields["stop_requested"] = True
     if call:
         fields["call"] = unescape(call)
     return fields
@@ -385,6 +394,13 @@ class MessagesInHand:
     def decode(cls, text: str) -> MessagesInHand:
         data = json.loads(text)
         return cls(frozenset(data["ids"]), bool(data["complete"]), int(data["at"]), int(data["every"]))
+
+
+class StopRequested(int):
+    """A renewal's answer (:meth:`~dramatiq_unique.LockBackend.renew_many`): the place's new
+    expiry, whose holder was asked to stop (:meth:`~dramatiq_unique.LockBackend.request_stop`)."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -664,10 +680,27 @@ class LockBackend(abc.ABC):
           its lease ran out, or it was released.
         """
 
+    def request_stop(self, key: str, message_ids: Sequence[str] = ()) -> list[str]:
+        """Ask running holders of the lock at ``key`` to stop: each is marked in its own record, so
+        the request goes with its place, and its worker learns it in the answer to its next
+        renewal (a :class:`~dramatiq_unique.backends.StopRequested` from :meth:`renew_many`).
+        Queued holders are left alone.
+        This implementation says the backend cannot.
+
+        Parameters:
+          message_ids(list[str]): The messages whose running places to mark; empty for every
+            running holder.
+
+        Returns:
+          list[str]: The message_ids of the holders asked (now or before), oldest first.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot ask a running holder to stop.")
+
     def renew_many(self, leases: Sequence[Lease]) -> list[int | None | LockBackendError]:
         """Renew several leases at once, each as :meth:`renew` does, in as few round trips as the
         backend can: a worker's heartbeat renews every lease that is due together. This
-        implementation renews them one by one; a backend may do better.
+        implementation renews them one by one; a backend may do better. The expiry of a place
+        whose holder was asked to stop is a :class:`~dramatiq_unique.backends.StopRequested`.
 
         Parameters:
           leases(list[Lease]): The places to renew; a key may come more than once (a lock with

@@ -48,6 +48,7 @@ from .base import (
     LockBackend,
     LockRecord,
     MessagesInHand,
+    StopRequested,
     Waiter,
     parse_lock,
     read_place,
@@ -469,9 +470,11 @@ class RedisBackend(LockBackend):
         answers: list[int | None | LockBackendError] = [None] * len(leases)
         for group, reply in zip(groups.values(), self._call_many("renew_many", calls), strict=True):
             for at, i in enumerate(group):
-                answer = reply if isinstance(reply, LockBackendError) else int(reply[at])
-                answers[i] = None if isinstance(answer, int) and answer < 0 else answer
+                answers[i] = reply if isinstance(reply, LockBackendError) else _renewal(reply[at])
         return answers
+
+    def request_stop(self, key: str, message_ids: Sequence[str] = ()) -> list[str]:
+        return [_text(message_id) for message_id in self._call("request_stop", [key], list(message_ids))]
 
     def heartbeat(self, key: str, worker_id: str, *, ttl: int, in_hand: MessagesInHand | None = None) -> int:
         if in_hand is None:
@@ -1290,3 +1293,15 @@ def _acquisition(reply: list[Any] | int) -> Acquisition:
             due_within=due_within,
         )
     return Acquisition(acquired=False, holders=strings)
+
+
+def _renewal(answer: Any) -> int | None:
+    """One answer of ``renew_many.lua``: an expiry, a negative number for a place not held, or
+    ``"!"`` and the expiry for a holder asked to stop."""
+    if isinstance(answer, bytes | str):
+        text = _text(answer)
+        if text.startswith("!"):
+            return StopRequested(text[1:])
+        answer = text
+    value = int(answer)
+    return None if value < 0 else value

@@ -26,6 +26,7 @@ from .base import (
     LockBackend,
     LockRecord,
     MessagesInHand,
+    StopRequested,
     Waiter,
     format_record,
 )
@@ -331,7 +332,8 @@ class StubBackend(LockBackend):
 
     def renew(self, key: str, owner: str, *, ttl: int, deadline: int | None = None) -> int | None:
         with self._mutex:
-            return self._renew(Lease(key, owner, ttl, deadline), _now())
+            renewed = self._renew(Lease(key, owner, ttl, deadline), _now())
+            return None if renewed is None else int(renewed)
 
     def renew_many(self, leases: Sequence[Lease]) -> list[int | None | LockBackendError]:
         # In one step with one clock, as RedisBackend's script does.
@@ -344,10 +346,26 @@ class StubBackend(LockBackend):
         if place is None:
             return None
         if place.expires_at is None:
-            return 0
+            return StopRequested(0) if place.holder.stop_requested else 0
         target = now + lease.ttl if lease.deadline is None else min(now + lease.ttl, lease.deadline)
         place.expires_at = max(place.expires_at, target)
-        return place.expires_at
+        return StopRequested(place.expires_at) if place.holder.stop_requested else place.expires_at
+
+    def request_stop(self, key: str, message_ids: Sequence[str] = ()) -> list[str]:
+        with self._mutex:
+            now = _now()
+            if key in self._locks and not self._lines.get(line_key(key)):
+                self._drop_lapsed(key, now)
+            lock = self._locks.get(key)
+            asked: list[str] = []
+            for place in lock.places.values() if lock is not None else ():
+                lapsed = place.expires_at is not None and place.expires_at <= now
+                message_id = place.holder.message_id
+                if lapsed or place.holder.state != "running" or (message_ids and message_id not in message_ids):
+                    continue
+                place.holder = dataclasses.replace(place.holder, stop_requested=True)
+                asked.append(message_id)
+            return asked
 
     def heartbeat(self, key: str, worker_id: str, *, ttl: int, in_hand: MessagesInHand | None = None) -> int:
         with self._mutex:

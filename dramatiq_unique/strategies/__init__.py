@@ -1,6 +1,7 @@
 """Conflict strategies: what becomes of a duplicate."""
 
 from .base import CLIENT, SERVER, Conflict, ConflictStrategy
+from .cancel import CancelInProgress
 from .log import Log
 from .raise_ import Raise
 from .reject import Reject
@@ -10,7 +11,8 @@ from .wait import KeepLatest, Wait
 
 #: Every conflict strategy, by the name given to ``@dramatiq.actor(on_conflict=...)``.
 STRATEGIES: dict[str, ConflictStrategy] = {
-    strategy.name: strategy for strategy in (Log(), Raise(), Reject(), Replace(), Reschedule(), Wait(), KeepLatest())
+    strategy.name: strategy
+    for strategy in (Log(), Raise(), Reject(), Replace(), Reschedule(), Wait(), KeepLatest(), CancelInProgress())
 }
 
 
@@ -31,6 +33,7 @@ __all__ = [
     "CLIENT",
     "SERVER",
     "STRATEGIES",
+    "CancelInProgress",
     "Conflict",
     "ConflictStrategy",
     "KeepLatest",

@@ -114,6 +114,9 @@ class ConflictStrategy:
     waits_in_line: ClassVar[bool] = False
     #: Whether the line holds one message, whose place the newest takes (``keep_latest``).
     keeps_latest: ClassVar[bool] = False
+    #: Whether a duplicate that meets running holders in the run lock asks them to stop
+    #: (``cancel_in_progress``); it needs a lock type that takes a run lock.
+    cancels_running_holders: ClassVar[bool] = False
 
     def on_client_conflict(self, conflict: Conflict) -> None:
         """Resolve a conflict found when the duplicate was sent."""

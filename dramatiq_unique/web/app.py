@@ -210,6 +210,10 @@ class LocksWebApp:
             self._only(request, "POST")
             self._check_unlock(request)
             return self.unlock(request) if path == "/unlock" else self.unlock_actor(request)
+        if path == "/cancel":
+            self._only(request, "POST")
+            self._check_unlock(request)
+            return self.cancel(request)
         raise HTTPError(404, "There is no such page.")
 
     def _only(self, request: Request, method: str) -> None:
@@ -335,6 +339,20 @@ class LocksWebApp:
             raise HTTPError(400, "Name the actor whose locks to free.")
         freed = self.locks.unlock_all(actor=actor)
         return self._render(request, "freed.html", freed=freed, what=f"actor {actor}")
+
+    def cancel(self, request: Request) -> Response:
+        # Stops a running holder as `dramatiq-unique cancel` does: behind the safeguards of
+        # unlocking, and confirmed by the form's box.
+        form = request.form
+        if form.get("confirm") != "yes":
+            raise HTTPError(400, "Tick the box to confirm that the running message is to be stopped.")
+        digest, message_id = form.get("digest", ""), form.get("message_id")
+        try:
+            asked = self.locks.cancel(digest, message_id)
+        except ValueError as e:
+            raise HTTPError(400, str(e)) from None
+        what = f"digest {digest}" + ("" if message_id is None else f", message {message_id!r}")
+        return self._render(request, "cancelled.html", asked=asked, what=what)
 
     # Helpers -----------------------------------------------------------------
 

@@ -9,8 +9,9 @@
 -- with "%", "|" and newlines in the owner written %25, %7C and %0A (escape), where acquired_at
 -- is the token's millisecond less `late` (empty for 0) and expires_at is acquired_at plus
 -- `lifetime` (empty: never), and a holder is
---   "<state><lock>[+][*]|<worker_id>|<redis_message_id>|<actor>|<queue>|<message_id>[|<call>]"
--- with one-letter codes for state and lock type, "+" for a replaceable holder, "*" for one
+--   "<state><lock>[!][+][*]|<worker_id>|<redis_message_id>|<actor>|<queue>|<message_id>[|<call>]"
+-- with one-letter codes for state and lock type, "!" for a running holder asked to stop,
+-- "+" for a replaceable holder, "*" for one
 -- whose place a line handed it (its message is among the waiters until it starts), each value
 -- escaped as the owner is (Holder.encode), an empty message_id for a holder whose owner is
 -- its message_id, and the holder's call only for an actor with lock_info (with "*" escaped
@@ -144,11 +145,11 @@ local function parse(record)
   return expires_at, token, acquired_at, holder
 end
 
--- Whether `holder` is one as Holder.encode writes it: "<state><lock>[+][*]" and five "|", or
+-- Whether `holder` is one as Holder.encode writes it: "<state><lock>[!][+][*]" and five "|", or
 -- six for a holder that keeps its call (lock_info), looked at only when five do not match.
 local function readable_holder(holder)
-  return string.match(holder, "^[qr]%l%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
-    or string.match(holder, "^[qr]%l%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
+  return string.match(holder, "^[qr]%l!?%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
+    or string.match(holder, "^[qr]%l!?%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
 end
 
 -- A line of a lock's value: its owner, its record, the record's expiry, and whether this version
@@ -744,5 +745,6 @@ local function renew_place(key, owner, ttl, deadline)
     end
   end
   expire_with_holders(key)
-  return expires_at or 0
+  -- The second answer: whether the holder was asked to stop (a "!" after its lock type).
+  return expires_at or 0, string.match(holder, "^[qr]%l!") ~= nil
 end
