@@ -629,7 +629,7 @@ def declare_cancel(subparsers: Subparsers) -> None:
         "cancel",
         help="stop the running holder of a digest's run lock",
         description="Ask the running holders of a digest's run lock to stop: each worker interrupts its message at "
-        "its next lease renewal. The place stays held until the message has stopped, so no duplicate starts "
+        "its next lease renewal. It keeps the lock until it has stopped, so no duplicate starts "
         "meanwhile. A holder whose worker died is not interrupted: its lease lapses.",
     )
     parser.add_argument("digest", type=_digest_argument, metavar="DIGEST", help="the digest whose holder to stop")
@@ -660,7 +660,7 @@ def run_cancel(context: Context, args: argparse.Namespace) -> int:
     asked = context.locks.cancel(digest, args.message_id)
     context.print(
         f"Asked {count(sum(len(lock.holders) for lock in asked), 'running message')} {what} to stop"
-        + (": each stops at its worker's next lease renewal, and keeps its place until then." if asked else ".")
+        + (": each stops at its worker's next lease renewal, and keeps the lock until then." if asked else ".")
     )
     for line in lock_table(asked, indent="  ", width=context.width) if asked else ():
         context.print(line)

@@ -29,5 +29,5 @@ class CancelInProgress(KeepLatest):
 
     def explain(self, side: str, *, reschedule_delay: int, max_reschedules: int | None) -> str:
         if side == CLIENT:
-            return "take the place of a queued holder, or be dropped when every holder runs"
+            return "replace a queued holder, or be dropped when every holder runs"
         return "ask the running holder to stop, and wait as the one successor to run once it has stopped"
