@@ -323,8 +323,8 @@ class ConflictRecorder:
         for record in sorted(records, key=lambda record: record.kind == RUN):  # a run lock's place says most
             holder = record.holder
             if not record.unreadable and holder.get("message_id"):
-                where = (prefix_of(record.key), digest_of(record.key) or "")
-                found[(*where, str(holder["message_id"]))] = (str(holder.get("state") or ""), holder.get("worker_id"))
+                key = (prefix_of(record.key), digest_of(record.key) or "", str(holder["message_id"]))
+                found[key] = (str(holder.get("state") or ""), holder.get("worker_id"))
         for prefix, digest in looked_up:
             for fields in digests[(prefix, digest)]:
                 state, worker = found.get((prefix, digest, fields["holders"].split(",")[0]), ("", None))
