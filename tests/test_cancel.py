@@ -11,10 +11,12 @@ from typing import Any
 import prometheus_client
 import pytest
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
 from dramatiq.results import ResultFailure, Results
 from dramatiq.results.backends import StubBackend as StubResults
 
-from dramatiq_unique import InvalidLockOptions, Locks, RedisBackend, UniqueJobs
+from dramatiq_unique import InvalidLockOptions, Locks, RedisBackend, StubBackend, UniqueJobs
+from dramatiq_unique.backends import LockBackend
 from dramatiq_unique.events import CANCELLED, LockEvent
 
 from .support import Env, wait_for
@@ -150,3 +152,30 @@ def test_an_actor_without_the_strategy_makes_no_extra_command(redis_client, stra
         assert renewals <= 2
     else:
         assert renewals >= 8
+
+
+class WithoutRequestStop(StubBackend):
+    request_stop = LockBackend.request_stop
+
+
+def test_a_backend_that_cannot_ask_a_holder_to_stop_lets_it_end_and_the_newer_runs_after_it(caplog):
+    # A backend of its own without request_stop: the worker's hook raised NotImplementedError out
+    # of Dramatiq's before_process_message; now the newer message waits for the holder to end.
+    backend = WithoutRequestStop()
+    env = Env("stub", StubBroker(), backend, UniqueJobs(backend=backend, **FAST))
+    with env.running():
+        runs = Runs()
+        sync = env.actor(
+            long_job(runs, 0.5),
+            actor_name="sync",
+            lock="while_executing",
+            on_conflict="cancel_in_progress",
+            lock_args_method=lambda account, seq: [account],
+        )
+        env.worker()
+        sync.send("acme", 0)
+        wait_for(lambda: "start 0" in runs)
+        sync.send("acme", 1)
+        env.join(sync)
+    assert runs.entries == ["start 0", "done 0", "end 0", "start 1", "done 1", "end 1"]
+    assert any("cannot ask a running holder to stop" in r.getMessage() for r in caplog.records)

@@ -685,7 +685,9 @@ class LockBackend(abc.ABC):
         the request goes with its place, and its worker learns it in the answer to its next
         renewal (a :class:`~dramatiq_unique.backends.StopRequested` from :meth:`renew_many`).
         Queued holders are left alone.
-        This implementation says the backend cannot.
+        This implementation raises: a backend that cannot mark its holders fails like a store
+        that does not answer, so ``cancel_in_progress`` waits for the holder to end and
+        :meth:`~dramatiq_unique.Locks.cancel` says why.
 
         Parameters:
           message_ids(list[str]): The messages whose running places to mark; empty for every
@@ -694,7 +696,7 @@ class LockBackend(abc.ABC):
         Returns:
           list[str]: The message_ids of the holders asked (now or before), oldest first.
         """
-        raise NotImplementedError(f"{type(self).__name__} cannot ask a running holder to stop.")
+        raise LockBackendError(f"{type(self).__name__} cannot ask a running holder to stop: it has no request_stop.")
 
     def renew_many(self, leases: Sequence[Lease]) -> list[int | None | LockBackendError]:
         """Renew several leases at once, each as :meth:`renew` does, in as few round trips as the
