@@ -42,12 +42,6 @@ def age(holder: HolderInfo, lock: LockInfo) -> str:
     return format_duration(lock.read_at - holder.acquired_at)
 
 
-def ttl(holder: HolderInfo, lock: LockInfo, *, never: str = "never") -> str:
-    """How long ``holder``'s hold had left when ``lock`` was read, lease or lifetime alike;
-    ``never`` for a hold that never lapses. :func:`lease` and :func:`expires` tell them apart."""
-    return never if holder.expires_at is None else format_duration(holder.expires_at - lock.read_at)
-
-
 def has_lease(holder: HolderInfo, lock: LockInfo) -> bool:
     """Whether ``holder``'s end is a lease its worker renews while the message runs: a place in
     a run lock that lapses. The record keeps one end only: for a run lock it is the lease,
@@ -68,7 +62,7 @@ def expires(holder: HolderInfo, lock: LockInfo, *, never: str = "never", none: s
     its end is a lease (:func:`lease`)."""
     if has_lease(holder, lock):
         return none
-    return ttl(holder, lock, never=never)
+    return never if holder.expires_at is None else format_duration(holder.expires_at - lock.read_at)
 
 
 def count(number: int, noun: str, plural: str | None = None) -> str:
