@@ -2,18 +2,22 @@
 
 A holder is asked to stop by a mark in its own record in the lock store
 (``LockBackend.request_stop``); its worker learns it in the answer to the lease
-renewal its heartbeat thread makes anyway, and that thread interrupts the
-message's worker thread as Dramatiq's ``TimeLimit`` does, with
-:class:`~dramatiq_unique.Cancelled`. The runtime owns one :class:`Cancellations`
-per process; the heartbeat thread hands it plain data only: a thread's id and
-what the lock is about.
+renewal its heartbeat thread makes anyway, and interrupts the message with
+:class:`~dramatiq_unique.Cancelled`: in a worker thread as Dramatiq's ``TimeLimit``
+does, and under gevent by throwing it into the message's greenlet from the gevent
+hub that runs it (the heartbeat thread is then a native thread, which cannot touch
+a greenlet). The runtime owns one :class:`Cancellations` per process; the heartbeat
+thread hands it plain data only: how to interrupt the message (an :data:`Interrupter`,
+made by the thread that runs it) and what the lock is about.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from dramatiq import Broker
 from dramatiq.broker import MessageProxy
@@ -24,10 +28,38 @@ from .errors import Cancelled, LockBackendError
 from .events import BACKEND_ERROR, CANCELLED, EventSubject
 from .forks import reset_in_child
 from .keys import RUN
-from .native import gevent_patched
+from .native import current_greenlet, current_hub, gevent_patched, original
 
 if TYPE_CHECKING:
     from .lock import MessageLock
+
+#: How to interrupt one running message from another thread, given what says, at the moment it
+#: would, whether the message still runs (see :func:`interrupter`).
+Interrupter = Callable[[Callable[[], bool]], None]
+
+
+def interrupter() -> Interrupter:
+    """How to interrupt the message that the calling thread runs, from the heartbeat thread."""
+    if gevent_patched():
+        return partial(_throw_from_hub, current_greenlet(), current_hub())
+    return partial(_raise_in_thread, threading.get_ident())
+
+
+def _raise_in_thread(thread: int, running: Callable[[], bool]) -> None:
+    if running():
+        raise_thread_exception(thread, Cancelled)  # type: ignore[no-untyped-call, unused-ignore]
+
+
+def _throw_from_hub(greenlet: Any, hub: Any, running: Callable[[], bool]) -> None:
+    # Only the hub's own thread may switch to its greenlets: it throws when it next gets control.
+    hub.loop.run_callback_threadsafe(_throw, greenlet, running)
+
+
+def _throw(greenlet: Any, running: Callable[[], bool]) -> None:
+    # The hub runs this while the greenlets of its thread wait on it: the message cannot leave
+    # between the check and the throw, which lands where the greenlet waits.
+    if not greenlet.dead and running():
+        greenlet.throw(Cancelled)
 
 
 class Cancellations:
@@ -39,32 +71,21 @@ class Cancellations:
 
     def __init__(self, *, logger: logging.Logger):
         self.logger = logger
-        self._mutex = threading.Lock()
+        # A lock of the OS even under gevent: a greenlet that takes it never waits on the hub.
+        self._mutex = original("_thread", "allocate_lock")()
         #: The messages interrupted, by message_id, with their lock's digest, until they left.
         self._interrupted: dict[str, str] = {}
         reset_in_child(self._reset_in_child)
 
     def _reset_in_child(self) -> None:
-        self._mutex = threading.Lock()
+        self._mutex = original("_thread", "allocate_lock")()
         self._interrupted = {}
 
-    def interrupt(self, thread: int, subject: EventSubject) -> None:
-        """Interrupt the message of ``subject``, which runs in the thread whose id is ``thread``:
-        its holder was asked to stop. Called by the heartbeat thread while the message still
-        holds its lease; a message is interrupted once."""
-        if gevent_patched():
-            # A greenlet cannot be interrupted from this native thread: the holder runs to its end.
-            with self._mutex:
-                if self._interrupted.setdefault(subject.message_id, "") == "":
-                    self.logger.warning(
-                        "Message %r of actor %r was asked to stop (lock %r), but a message under gevent cannot be "
-                        "interrupted: it runs to its end.",
-                        subject.message_id,
-                        subject.actor_name,
-                        subject.digest,
-                    )
-                    self._interrupted[subject.message_id] = "-"
-            return
+    def interrupt(self, target: Interrupter, subject: EventSubject, running: Callable[[], bool]) -> None:
+        """Interrupt the message of ``subject`` with ``target``: its holder was asked to stop.
+        Called by the heartbeat thread while the message still holds its lease; ``running`` says
+        whether it still does when ``target`` interrupts it, later under gevent. A message is
+        interrupted once."""
         with self._mutex:
             if subject.message_id in self._interrupted:
                 return
@@ -75,11 +96,17 @@ class Cancellations:
             subject.actor_name,
             subject.digest,
         )
-        raise_thread_exception(thread, Cancelled)  # type: ignore[no-untyped-call, unused-ignore]
+        target(partial(self._still_running, subject.message_id, running))
+
+    def _still_running(self, message_id: str, running: Callable[[], bool]) -> bool:
+        if running():
+            return True
+        self.forget(message_id)  # it left before it could be interrupted
+        return False
 
     def interrupted(self, message_id: str) -> bool:
         """Whether the message was interrupted and has not left yet."""
-        return self._interrupted.get(message_id, "-") != "-"
+        return message_id in self._interrupted
 
     def forget(self, message_id: str) -> None:
         """The message left the worker."""

@@ -17,8 +17,8 @@ does all three once per heartbeat interval (:meth:`Liveness.tick`):
   (one per master of a Redis Cluster: :meth:`~dramatiq_unique.LockBackend.renew_many`);
 * it gives up the locks whose release failed while the backend was down.
 
-What it looks after is plain data: keys, owners, expiry times and the
-subject of the events it tells.
+What it looks after is plain data: keys, owners, expiry times, the
+subject of the events it tells, and how to interrupt each message.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from .backends import Holder, Lease, LockBackend, MessagesInHand, StopRequested
+from .cancellation import Interrupter, interrupter
 from .errors import LockBackendError
 from .events import BACKEND_ERROR, DATA_LOST, LEASE_LOST, Events, EventSubject, LockEvent
 from .keys import RUN, registry_key
@@ -61,13 +62,18 @@ class _Lease:
     expires_at: int
     deadline: int | None
     subject: EventSubject
+    #: How to interrupt the message when its holder is asked to stop; made by the thread that runs it.
+    interrupt: Interrupter
     #: How to take the place again after the store lost its data: its lock's limit and its holder.
     limit: int = 1
     holder: Holder | None = None
-    #: The id of the thread that runs the message, to interrupt it when its holder is asked to stop.
-    thread: int = 0
     #: Renewed at every heartbeat, so that a request to stop reaches it within one interval.
     eager: bool = False
+    #: Whether its message began to give it up: it must not be interrupted any more.
+    dropped: bool = False
+
+    def held(self) -> bool:
+        return not self.dropped
 
 
 class Liveness:
@@ -87,9 +93,10 @@ class Liveness:
       in_hand(collections.abc.Callable): What each heartbeat publishes of the messages in
         this process's hands, or ``None`` for nothing; given a time of the backend's clock
         that is not yet past.
-      on_stop_requested(collections.abc.Callable): Called, by the heartbeat thread, with the id
-        of the thread that runs a message and what its lock is about, when a renewal answers that
-        its holder was asked to stop; while the message still holds its lease.
+      on_stop_requested(collections.abc.Callable): Called, by the heartbeat thread, with how to
+        interrupt a message (made by the thread that runs it), what its lock is about, and what
+        says whether it still holds its lease, when a renewal answers that its holder was asked
+        to stop; while the message still holds its lease.
       on_cut_off(collections.abc.Callable): Called with ``True`` when no heartbeat has been
         answered for a whole lease period, or since the process registered, and with ``False``
         when one is answered again; and with the milliseconds since the last heartbeat that was
@@ -108,7 +115,7 @@ class Liveness:
         running: Callable[[], bool],
         in_hand: Callable[[int], MessagesInHand | None] = lambda taken_at: None,
         on_cut_off: Callable[[bool, int | None], None] = lambda cut_off, since: None,
-        on_stop_requested: Callable[[int, EventSubject], None] | None = None,
+        on_stop_requested: Callable[[Interrupter, EventSubject, Callable[[], bool]], None] | None = None,
     ):
         self.backend = backend
         self.events = events
@@ -275,9 +282,9 @@ class Liveness:
                 expires_at=expires_at,
                 deadline=deadline,
                 subject=subject,
+                interrupt=interrupter(),
                 limit=limit,
                 holder=holder,
-                thread=threading.get_ident(),
                 eager=eager,
             )
             with self._mutex:
@@ -290,6 +297,11 @@ class Liveness:
         Returns:
           int: When its lease ends, in ms of the backend's clock; ``None`` for a place not renewed here.
         """
+        # Before the mutex, which may be gevent's: a greenlet that waits for it lets the hub run,
+        # and the hub must not interrupt a message that is giving its lease up.
+        held = self._leases.get((key, owner))
+        if held is not None:
+            held.dropped = True
         with self._mutex:
             lease = self._leases.pop((key, owner), None)
         if lease is None:
@@ -509,7 +521,7 @@ class Liveness:
                     lease.expires_at = expires_at
                 if isinstance(expires_at, StopRequested) and self._on_stop_requested is not None:
                     # Under the mutex: the message still holds its lease, so it still runs.
-                    self._on_stop_requested(lease.thread, lease.subject)
+                    self._on_stop_requested(lease.interrupt, lease.subject, lease.held)
             if expires_at is None:
                 lost.append((key, lease))
         self._renewed_at = time.monotonic()

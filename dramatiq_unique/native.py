@@ -142,6 +142,11 @@ def current_hub() -> Any:
     return _gevent("gevent").get_hub()
 
 
+def current_greenlet() -> Any:
+    """The greenlet that calls it."""
+    return _gevent("gevent").getcurrent()
+
+
 def is_current(thread: BackgroundThread) -> bool:
     """Whether ``thread`` is the calling thread."""
     if isinstance(thread, NativeThread):

@@ -202,8 +202,14 @@ def test_a_newer_send_cancels_the_task_of_a_running_async_actor(worker, deploy, 
 GEVENT_SCRIPT = (
     WORKER_PREAMBLE
     + f"""
+
+
+class AppConnection(redis.Connection):
+    pass
+
+
 broker = RedisBroker(url=URL)
-unique = UniqueJobs(backend=RedisBackend(url=URL), lease_period=3000, heartbeat_interval={HEARTBEAT})
+unique = UniqueJobs(backend=BACKEND, lease_period=3000, heartbeat_interval={HEARTBEAT})
 broker.add_middleware(unique, before=TimeLimit)
 broker.add_middleware(Ready())
 
@@ -215,25 +221,37 @@ broker.add_middleware(Ready())
 def deploy(app, seq):
     client.rpush("test:runs", f"start {{seq}} {{time.time()}}")
     try:
-        time.sleep(3 if seq == 0 else 0.3)  # yields to the hub under gevent
+        time.sleep(60 if seq == 0 else 0.3)  # waits on the gevent hub
         client.rpush("test:runs", f"done {{seq}} {{time.time()}}")
     finally:
         client.rpush("test:runs", f"end {{seq}} {{time.time()}}")
 """
 )
 
+#: The worker's lock backend: a plain URL, whose leases a native thread renews, and a client of a
+#: connection class of the application's own, whose leases a greenlet renews.
+GEVENT_BACKENDS = {
+    "native": "RedisBackend(url=URL)",
+    "greenlet": "RedisBackend(client=redis.Redis(connection_pool=redis.ConnectionPool.from_url(URL, "
+    "connection_class=AppConnection)))",
+}
+
 
 @pytest.mark.slow
-def test_under_gevent_the_holder_is_not_interrupted_and_the_newer_runs_after_it(
+@pytest.mark.parametrize("renewals", ["native", "greenlet"])
+def test_under_gevent_a_newer_send_kills_the_holders_greenlet_and_runs_once_after_it(
     processes,  # noqa: F811
     tmp_path,
     redis_url,
     redis_client,
     deploy,
+    renewals,
 ):
-    # A greenlet cannot be interrupted from the periodic native thread: the holder runs to its end
-    # (as the docs say), the newer message waits in the run lock's line, then runs; never beside it.
-    (tmp_path / "gdeploys.py").write_text(GEVENT_SCRIPT)
+    """Issue 35, point 2: under dramatiq-gevent the holder's greenlet is killed with Cancelled
+    within the documented bound, its `finally` runs, and the newer message runs once after it,
+    never beside it; whether a native thread or a greenlet renews the leases."""
+    pytest.importorskip("gevent")
+    (tmp_path / "gdeploys.py").write_text(GEVENT_SCRIPT.replace("BACKEND", GEVENT_BACKENDS[renewals]))
     path = os.pathsep.join([str(Path(dramatiq_unique.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
     cli = processes(
         [str(Path(sys.executable).parent / "dramatiq-gevent"), "gdeploys:broker", "--processes", "1"],
@@ -243,8 +261,16 @@ def test_under_gevent_the_holder_is_not_interrupted_and_the_newer_runs_after_it(
     wait_for(lambda: redis_client.llen("test:ready") == 1, timeout=30)
     deploy.send("shop", 0)
     wait_for(lambda: "start 0" in events(redis_client), timeout=30)
+    sent_at = time.time()
     deploy.send("shop", 1)
-    wait_for(lambda: "end 1" in events(redis_client), timeout=20)
-    assert events(redis_client) == ["start 0", "done 0", "end 0", "start 1", "done 1", "end 1"]
+    wait_for(lambda: "end 0" in events(redis_client), timeout=10)
+    ended_at = next(at for what, seq, at in runs(redis_client) if (what, seq) == ("end", 0))
+    print(f"interrupted {ended_at - sent_at:.3f} s after the newer send")
+    assert ended_at - sent_at < 2 * HEARTBEAT / 1000 + 1
+    wait_for(lambda: "end 1" in events(redis_client), timeout=10)
+    time.sleep(1)  # a second run of either would have started by now
+    assert events(redis_client) == ["start 0", "end 0", "start 1", "done 1", "end 1"]
+    assert_never_overlapping(redis_client)
     cli.log.seek(0)
-    assert "cannot be interrupted: it runs to its end" in cli.log.read().decode()
+    log = cli.log.read().decode()
+    assert "it is interrupted with Cancelled" in log and "was cancelled while it ran" in log, log

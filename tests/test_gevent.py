@@ -9,6 +9,7 @@ the library: the test counts overlaps from that record.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -254,3 +255,112 @@ def test_a_gevent_worker_heals_a_lock_store_that_lost_its_data(
         wait_for(lambda: redis_client.llen("test:finished") == 1, timeout=10)
     finally:
         store.kill()
+
+
+INTERRUPT_SCRIPT = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import logging, time
+import gevent
+from dramatiq_unique import Cancelled
+from dramatiq_unique.cancellation import Cancellations, interrupter
+from dramatiq_unique.events import EventSubject
+from dramatiq_unique.native import NativeEvent, NativeThread
+
+cancellations = Cancellations(logger=logging.getLogger("test"))
+runs = []
+
+
+def subject(message_id):
+    return EventSubject("deploy", "default", "digest", message_id, "while_executing")
+
+
+def from_native_thread(function):
+    # As the heartbeat does: from an OS thread, while the greenlets wait on their hub or compute.
+    thread = NativeThread(name="heartbeat", target=lambda stop: function(), stop=NativeEvent())
+    thread.start()
+    return thread
+
+
+def message(message_id, seconds, *, busy=0.0, asked=None):
+    held, target = [True], interrupter()
+    if asked is not None:
+        asked[message_id] = (target, held)
+    runs.append(f"start {message_id}")
+    try:
+        until = time.monotonic() + busy
+        while time.monotonic() < until:  # keeps the hub from running: no greenlet switch
+            pass
+        if seconds:
+            gevent.sleep(seconds)
+        runs.append(f"done {message_id}")
+    except Cancelled:
+        runs.append(f"cancelled {message_id}")
+    finally:
+        held[0] = False  # gives its lease up
+
+
+# One message waits on the hub: the native thread has its hub throw Cancelled into it at once.
+asked = {}
+first = gevent.spawn(message, "a", 60, asked=asked)
+gevent.sleep(0.1)
+started = time.monotonic()
+target, held = asked["a"]
+from_native_thread(lambda: cancellations.interrupt(target, subject("a"), lambda: held[0]))
+first.join(5)
+runs.append(f"a took {time.monotonic() - started:.3f}")
+
+
+# The greenlet asked to stop leaves its message before its hub runs the throw, and takes another:
+# the next message is not interrupted, and the first is not left recorded as interrupted.
+def ask_b():
+    while "b" not in asked:
+        native_sleep(0.01)
+    target, held = asked["b"]
+    cancellations.interrupt(target, subject("b"), lambda: held[0])
+    asking.append(f"asked b while it ran: {held[0]}")
+
+
+def worker_thread():
+    message("b", 0, busy=0.5, asked=asked)  # computes, without yielding, for half a second
+    message("c", 0.5)
+
+
+native_sleep, asking = monkey.get_original("time", "sleep"), []
+from_native_thread(ask_b)
+gevent.spawn(worker_thread).join(5)
+runs += asking
+runs.append(f"b interrupted: {cancellations.interrupted('b')}")
+print(" | ".join(runs))
+"""
+
+
+def test_a_greenlet_asked_to_stop_is_killed_by_its_hub_and_never_the_next_message_it_runs(tmp_path):
+    """Issue 35, point 2: under gevent, the heartbeat's native thread has the message's hub throw
+    Cancelled into its greenlet; when the greenlet left that message before the hub ran the
+    throw, the message it runs next is not interrupted."""
+    script = tmp_path / "interrupt.py"
+    script.write_text(INTERRUPT_SCRIPT)
+    path = os.pathsep.join([str(Path(dramatiq_unique.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": path},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    runs = done.stdout.strip().split(" | ")
+    assert runs[:2] == ["start a", "cancelled a"], runs
+    assert float(runs[2].split()[-1]) < 0.5, runs  # not the 60 s the message waits
+    assert runs[3:] == [
+        "start b",
+        "done b",
+        "start c",
+        "done c",
+        "asked b while it ran: True",
+        "b interrupted: False",
+    ], runs
