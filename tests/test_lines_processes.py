@@ -183,6 +183,12 @@ class Sender:
         )
         self.plain = declare("plain", "plain")
 
+    def places(self, digest: str) -> list[str]:
+        """The messages holding a place in the enqueue lock of ``digest``."""
+        return [
+            place.owner for place in RedisBackend(client=self.store).read([enqueue_key("dramatiq-unique", digest)])[1]
+        ]
+
     def run_reaper(self) -> None:
         self.broker.enqueue(
             dramatiq.Message(queue_name="default", actor_name=REAPER_ACTOR_NAME, args=(), kwargs={}, options={})
@@ -231,12 +237,12 @@ def test_a_handed_message_runs_after_the_lock_store_restarted_empty_in_a_worker_
     # the store restarts empty while post 1 waits in the queue.
     cli = start(processes, tmp_path, redis_url, redis_client, store_url=f"redis://127.0.0.1:{store.port}/0", threads=1)
     wait_for(lambda: runs(redis_client) == ["post 0", "blocker"])
-    places = lambda: RedisBackend(client=sender.store).read([enqueue_key("dramatiq-unique", digest)])[1]  # noqa: E731
-    wait_for(lambda: [place.owner for place in places()] == [handed.message_id])
+    wait_for(lambda: sender.places(digest) == [handed.message_id])
     time.sleep(0.3)  # the worker's heartbeats have read the store's mark
     restart_empty(store, cli)
     redis_client.set("test:go", 1)
     wait_for(lambda: "post 1" in runs(redis_client))
+    wait_for(lambda: sender.places(digest) == [])  # post 1 gives its place up after its run
     assert enqueue_outcome(sender.post.send("k", 2)).status == "enqueued"
     wait_for(lambda: "post 2" in runs(redis_client))
     assert runs(redis_client) == ["post 0", "blocker", "post 1", "post 2"]
@@ -304,7 +310,7 @@ def test_a_lapsed_place_of_a_killed_holder_goes_to_the_line_while_the_other_hold
     # Export 0's lease (600 ms) lapses, and export 1's renewals (every 400-500 ms) meet it.
     time.sleep(1.5)
     sender.run_reaper()
-    wait_for(lambda: f"start 2 {second.worker_pid}" in runs(redis_client), timeout=5)
+    wait_for(lambda: f"start 2 {second.worker_pid}" in runs(redis_client), timeout=10)
     assert "end 1" not in runs(redis_client)  # it went to the line while export 1 runs
     redis_client.set("test:go:1", 1)
     redis_client.set("test:go:2", 1)
@@ -511,11 +517,12 @@ def test_a_worker_process_with_lines_warns_once_at_boot_of_a_store_that_keeps_no
             in warning
         )
         # post 0 is due in a second; post 1 waits in line, in the lock store only.
-        sender.post.send_with_options(args=("k", 0), delay=1_000)
+        digest = enqueue_outcome(sender.post.send_with_options(args=("k", 0), delay=1_000)).digest
         assert enqueue_outcome(sender.post.send("k", 1)).status == "waiting"
         time.sleep(0.3)  # the worker's heartbeats have read the store's mark
         restart_empty(lock_store, cli)
         wait_for(lambda: "post 0" in runs(redis_client), timeout=10)
+        wait_for(lambda: sender.places(digest) == [])  # post 0 gives its place up after its run
         assert enqueue_outcome(sender.post.send("k", 2)).status == "enqueued"
         wait_for(lambda: "post 2" in runs(redis_client))
         assert runs(redis_client) == ["post 0", "post 2"]
