@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 try:
-    from . import failover, hooks, latency, lines, memory, overhead, renewals, round_trips, server_time, trail
+    from . import cancel, failover, hooks, latency, lines, memory, overhead, renewals, round_trips, server_time, trail
     from ._server import describe, given_urls, redis_urls, server_executables, started_urls
 except ImportError:
+    import cancel
     import failover
     import hooks
     import latency
@@ -206,6 +207,7 @@ def main() -> None:
         waiting = lines.measure_all(url)
         renewal = renewals.measure_renewals(url)
         conflicts = trail.measure(url)
+        cancelling = cancel.measure(url)
     # Servers of its own: a primary, two replicas and three sentinels (about 15 s).
     losses, durability = failover.measure()
     eight = next(f for f in p3 if f.threads == 8)
@@ -283,6 +285,7 @@ def main() -> None:
     print("\n".join(lines.describe(waiting)))
     print("\n".join(failover.describe(losses, durability)))
     print("\n".join(trail.describe(conflicts)))
+    print("\n".join(cancel.describe(cancelling)))
     rows: list[Row] = []
     lifecycle_rows = (
         (
@@ -432,6 +435,33 @@ def main() -> None:
             "{:.1f} µs",
             "no target",
             beside=f"a write's server time {median_range(conflicts.entry_us, '{:.1f} µs')} per entry",
+        ),
+    ]
+    strategies = "/".join(cancel.STRATEGIES)
+    rows += [
+        Row(
+            f"Script calls per while_executing lifecycle, {strategies}: the most − the least (INFO commandstats)",
+            first.name,
+            cancelling.spread,
+            "{:.2f}",
+            "0",
+            at_most=0,
+            beside="calls "
+            + "/".join(f"{statistics.median(cancelling.calls[s]):.2f}" for s in cancel.STRATEGIES)
+            + ", server time "
+            + "/".join(f"{statistics.median(cancelling.lifecycle_us[s]):.1f}" for s in cancel.STRATEGIES)
+            + " µs",
+        ),
+        Row(
+            f"Leases renewed per heartbeat, {cancel.RUNNING} running while_executing messages, wait ÷ "
+            "cancel_in_progress (renewed when due ÷ at every heartbeat)",
+            first.name,
+            cancelling.renewal_ratio,
+            ratio,
+            "no target",
+            beside="server time per heartbeat "
+            + "/".join(f"{statistics.median(cancelling.beat_us[s]):.0f}" for s in cancel.STRATEGIES)
+            + f" µs ({strategies})",
         ),
     ]
     print()

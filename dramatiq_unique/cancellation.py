@@ -8,12 +8,17 @@ does, and under gevent by throwing it into the message's greenlet from the geven
 hub that runs it (the heartbeat thread is then a native thread, which cannot touch
 a greenlet). The runtime owns one :class:`Cancellations` per process; the heartbeat
 thread hands it plain data only: how to interrupt the message (an :data:`Interrupter`,
-made by the thread that runs it) and what the lock is about.
+made by the thread that runs it), what the lock is about and who asked.
+
+Who asked is a phrase a person reads after "by": ``message <message_id>`` for a
+newer message, ``operator <who>`` for an operator's cancel.
 """
 
 from __future__ import annotations
 
+import getpass
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -62,6 +67,21 @@ def _throw(greenlet: Any, running: Callable[[], bool]) -> None:
         greenlet.throw(Cancelled)
 
 
+def asked_by_message(message_id: str) -> str:
+    """Who asks, for a newer message that asks a running holder to stop."""
+    return f"message {message_id}"
+
+
+def asked_by_operator(who: str | None = None) -> str:
+    """Who asks, for an operator: ``who``, or else the user and host of this process."""
+    if who is None:
+        try:
+            who = f"{getpass.getuser()}@{socket.gethostname()}"
+        except Exception:  # no user name in this process's environment nor in its passwd
+            who = socket.gethostname()
+    return f"operator {who}"
+
+
 class Cancellations:
     """The messages of this process interrupted because their holder was asked to stop.
 
@@ -75,25 +95,30 @@ class Cancellations:
         self._mutex = original("_thread", "allocate_lock")()
         #: The messages interrupted, by message_id, with their lock's digest, until they left.
         self._interrupted: dict[str, str] = {}
+        #: Who asked each message of :attr:`_interrupted` to stop, the first who asked.
+        self._asked_by: dict[str, str] = {}
         reset_in_child(self._reset_in_child)
 
     def _reset_in_child(self) -> None:
         self._mutex = original("_thread", "allocate_lock")()
         self._interrupted = {}
+        self._asked_by = {}
 
-    def interrupt(self, target: Interrupter, subject: EventSubject, running: Callable[[], bool]) -> None:
-        """Interrupt the message of ``subject`` with ``target``: its holder was asked to stop.
-        Called by the heartbeat thread while the message still holds its lease; ``running`` says
-        whether it still does when ``target`` interrupts it, later under gevent. A message is
-        interrupted once."""
+    def interrupt(self, target: Interrupter, subject: EventSubject, running: Callable[[], bool], by: str) -> None:
+        """Interrupt the message of ``subject`` with ``target``: its holder was asked to stop,
+        ``by`` whom. Called by the heartbeat thread while the message still holds its lease;
+        ``running`` says whether it still does when ``target`` interrupts it, later under
+        gevent. A message is interrupted once."""
         with self._mutex:
+            self._asked_by.setdefault(subject.message_id, by)
             if subject.message_id in self._interrupted:
                 return
             self._interrupted[subject.message_id] = subject.digest
         self.logger.warning(
-            "Message %r of actor %r was asked to stop while it ran (lock %r): it is interrupted with Cancelled.",
+            "Message %r of actor %r was asked to stop by %s while it ran (lock %r): it is interrupted with Cancelled.",
             subject.message_id,
             subject.actor_name,
+            by,
             subject.digest,
         )
         target(partial(self._still_running, subject.message_id, running))
@@ -108,11 +133,16 @@ class Cancellations:
         """Whether the message was interrupted and has not left yet."""
         return message_id in self._interrupted
 
+    def asked_by(self, message_id: str) -> str | None:
+        """Who asked the message to stop, until it left; ``None`` for a message not asked."""
+        return self._asked_by.get(message_id)
+
     def forget(self, message_id: str) -> None:
         """The message left the worker."""
-        if self._interrupted:
+        if self._interrupted or self._asked_by:
             with self._mutex:
                 self._interrupted.pop(message_id, None)
+                self._asked_by.pop(message_id, None)
 
 
 def ask_to_stop(lock: MessageLock, holders: tuple[str, ...]) -> None:
@@ -143,9 +173,12 @@ def ask_to_stop(lock: MessageLock, holders: tuple[str, ...]) -> None:
         )
 
 
-def tell_cancelled(broker: Broker, message: MessageProxy, lock: MessageLock, exception: BaseException) -> None:
-    """The message of ``lock`` was interrupted with ``Cancelled``: log it, tell the event, and
-    store the error for a Results backend. Never raises (it runs in a Dramatiq hook)."""
+def tell_cancelled(
+    broker: Broker, message: MessageProxy, lock: MessageLock, exception: BaseException, by: str | None
+) -> None:
+    """The message of ``lock`` was interrupted with ``Cancelled``, having been asked to stop
+    ``by`` whom: log it, tell the event, and store the error for a Results backend. Never
+    raises (it runs in a Dramatiq hook)."""
     try:
         fate = (
             "it had used up its retries, so Dramatiq dead-letters it"
@@ -153,19 +186,20 @@ def tell_cancelled(broker: Broker, message: MessageProxy, lock: MessageLock, exc
             else "it is neither retried nor dead-lettered"
         )
         lock.logger.warning(
-            "Message %r of actor %r was cancelled while it ran: it was asked to stop while it held lock %r; %s.",
+            "Message %r of actor %r was cancelled while it ran: it was asked to stop by %s while it held lock %r; %s.",
             message.message_id,
             message.actor_name,
+            by or "somebody",
             lock.digest,
             fate,
         )
-        lock.emit(CANCELLED, lock_kind=RUN)
-        _store_error(broker, message, lock.digest)
+        lock.emit(CANCELLED, lock_kind=RUN, cancelled_by=by)
+        _store_error(broker, message, lock.digest, by)
     except Exception:
         lock.logger.exception("What became of cancelled message %r could not be told.", message.message_id)
 
 
-def _store_error(broker: Broker, message: MessageProxy, digest: str) -> None:
+def _store_error(broker: Broker, message: MessageProxy, digest: str, by: str | None) -> None:
     """Store the error in a Results backend, for an actor that stores results: its caller
     sees ``Cancelled``, not a timeout."""
     for middleware in broker.middleware:
@@ -176,6 +210,7 @@ def _store_error(broker: Broker, message: MessageProxy, digest: str) -> None:
         if store:
             ttl = message.options.get("result_ttl", actor.options.get("result_ttl", middleware.result_ttl))
             error = Cancelled(
-                f"Message {message.message_id} was cancelled: its holder of lock {digest} was asked to stop."
+                f"Message {message.message_id} was cancelled: its holder of lock {digest} was asked to stop"
+                + (f" by {by}." if by else ".")
             )
             middleware.backend.store_exception(message, error, ttl)

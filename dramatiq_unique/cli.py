@@ -45,6 +45,7 @@ from .presentation import (
     describe_lock,
     format_duration,
     holder_calls,
+    holder_stops,
     holders,
     lock_table,
     prefixes_phrase,
@@ -389,7 +390,7 @@ def run_show(context: Context, args: argparse.Namespace) -> int:
     for lock in locks:
         for line in describe_lock(lock, width=context.width):
             context.print(line)
-        for line in holder_calls(lock):
+        for line in holder_calls(lock) + holder_stops(lock):
             context.print(line)
     for key, reasons in _unreadable(context, digest).items():
         context.print(f"Lock {key!r} holds {count(len(reasons), 'record')} this version cannot read:")

@@ -104,6 +104,9 @@ class LockEvent:
         to :data:`~dramatiq_unique.calls.CALL_SHOWN` characters (conflict, rescheduled,
         rejected, replaced, waiting, and backend_error about a message).
       lock_prefix(str): The lock prefix of the message's locks (the kinds of ``call``).
+      cancelled_by(str): Who asked the running message to stop (cancelled), as a person reads
+        it: ``message <message_id>`` for a newer message of a ``cancel_in_progress`` actor,
+        ``operator <who>`` for :meth:`~dramatiq_unique.Locks.cancel`.
     """
 
     kind: str
@@ -123,6 +126,7 @@ class LockEvent:
     error: Exception | None = None
     call: str | None = None
     lock_prefix: str | None = None
+    cancelled_by: str | None = None
 
 
 #: The kinds of event that tell why a message did not run as sent, or not yet: their events

@@ -42,6 +42,9 @@ class HolderInfo:
       call(str): The holder's actor call as a person reads it, e.g. ``reindex('acme', 200)``:
         kept by the lock for an actor with ``lock_info``, else read from the broker by
         :meth:`~dramatiq_unique.Locks.with_calls`; ``None`` when neither tells it.
+      stop_requested_by(str): Who asked this running holder to stop, as a person reads it:
+        ``message <message_id>`` for a newer message (``cancel_in_progress``), ``operator <who>``
+        for :meth:`~dramatiq_unique.Locks.cancel`; ``None`` for a holder not asked.
     """
 
     message_id: str
@@ -55,6 +58,7 @@ class HolderInfo:
     lock: str
     place: LockRecord
     call: str | None = None
+    stop_requested_by: str | None = None
 
     @classmethod
     def from_record(cls, record: LockRecord) -> HolderInfo:
@@ -71,6 +75,7 @@ class HolderInfo:
             lock=str(holder.get("lock", "")),
             place=record,
             call=holder.get("call"),
+            stop_requested_by=holder.get("stop_requested_by"),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -83,6 +88,7 @@ class HolderInfo:
             "expires_at": self.expires_at,
             "token": self.token,
             "call": self.call,
+            "stop_requested_by": self.stop_requested_by,
         }
 
 
@@ -251,6 +257,8 @@ class ConflictInfo:
       worker(str): The worker or process where it happened: host, pid and a random part.
       reason(str): What failed, or why, where it tells more than the outcome.
       delay(int): Milliseconds after which a rescheduled message tries again.
+      cancelled_by(str): Who asked a cancelled message to stop: ``message <message_id>`` or
+        ``operator <who>`` (:attr:`HolderInfo.stop_requested_by`).
     """
 
     at: int
@@ -271,6 +279,7 @@ class ConflictInfo:
     worker: str
     reason: str | None = None
     delay: int | None = None
+    cancelled_by: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The entry as JSON: times in epoch milliseconds."""

@@ -243,6 +243,7 @@ class ConflictRecorder:
                 # Only running messages hold a run lock.
                 fields["holder_state"] = RUNNING
         _put(fields, "delay", event.delay)
+        _put(fields, "cancelled_by", event.cancelled_by)
         if event.kind == BACKEND_ERROR:
             _put(fields, "reason", f"{event.reason}: {event.error}" if event.error is not None else event.reason)
         else:
@@ -389,6 +390,7 @@ def conflict_of_entry(prefix: str, fields: dict[str, str]) -> ConflictInfo:
         worker=fields.get("worker", ""),
         reason=fields.get("reason"),
         delay=integer("delay"),
+        cancelled_by=fields.get("cancelled_by"),
     )
 
 

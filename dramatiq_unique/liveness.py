@@ -94,9 +94,9 @@ class Liveness:
         this process's hands, or ``None`` for nothing; given a time of the backend's clock
         that is not yet past.
       on_stop_requested(collections.abc.Callable): Called, by the heartbeat thread, with how to
-        interrupt a message (made by the thread that runs it), what its lock is about, and what
-        says whether it still holds its lease, when a renewal answers that its holder was asked
-        to stop; while the message still holds its lease.
+        interrupt a message (made by the thread that runs it), what its lock is about, what
+        says whether it still holds its lease, and who asked, when a renewal answers that its
+        holder was asked to stop; while the message still holds its lease.
       on_cut_off(collections.abc.Callable): Called with ``True`` when no heartbeat has been
         answered for a whole lease period, or since the process registered, and with ``False``
         when one is answered again; and with the milliseconds since the last heartbeat that was
@@ -115,7 +115,7 @@ class Liveness:
         running: Callable[[], bool],
         in_hand: Callable[[int], MessagesInHand | None] = lambda taken_at: None,
         on_cut_off: Callable[[bool, int | None], None] = lambda cut_off, since: None,
-        on_stop_requested: Callable[[Interrupter, EventSubject, Callable[[], bool]], None] | None = None,
+        on_stop_requested: Callable[[Interrupter, EventSubject, Callable[[], bool], str], None] | None = None,
     ):
         self.backend = backend
         self.events = events
@@ -521,7 +521,7 @@ class Liveness:
                     lease.expires_at = expires_at
                 if isinstance(expires_at, StopRequested) and self._on_stop_requested is not None:
                     # Under the mutex: the message still holds its lease, so it still runs.
-                    self._on_stop_requested(lease.interrupt, lease.subject, lease.held)
+                    self._on_stop_requested(lease.interrupt, lease.subject, lease.held, expires_at.by)
             if expires_at is None:
                 lost.append((key, lease))
         self._renewed_at = time.monotonic()

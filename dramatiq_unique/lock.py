@@ -14,6 +14,7 @@ from .backends import Acquisition, Holder, LockBackend, Waiter
 from .backends.base import HELD, STARTED_BEFORE, SUPERSEDED
 from .backends.base import LAPSED as NOT_HELD
 from .calls import message_call, short_call
+from .cancellation import asked_by_message
 from .current import HeldLock
 from .digest import compute_digest, lock_arguments
 from .errors import LockBackendError
@@ -179,6 +180,7 @@ class MessageLock:
         replaced: str | None = None,
         reason: str | None = None,
         error: Exception | None = None,
+        cancelled_by: str | None = None,
     ) -> None:
         """Count what happened to this message's locks, and tell the
         subscribers of ``kind``; without subscribers, no event is built."""
@@ -197,6 +199,7 @@ class MessageLock:
                     replaced=replaced,
                     reason=reason,
                     error=error,
+                    cancelled_by=cancelled_by,
                     **(self._trail() if kind in TRAIL_KINDS else {}),
                 )
             )
@@ -565,12 +568,13 @@ class MessageLock:
                 )
 
     def ask_holders_to_stop(self, holders: tuple[str, ...]) -> list[str]:
-        """Ask the running ``holders`` of the run lock to stop (``cancel_in_progress``).
+        """Ask the running ``holders`` of the run lock to stop (``cancel_in_progress``), in
+        the name of this message.
 
         Returns:
           list[str]: The message_ids of those asked: the ones still running.
         """
-        return self.backend.request_stop(self.run_key, holders)
+        return self.backend.request_stop(self.run_key, holders, by=asked_by_message(self.message_id))
 
     @property
     def copy(self) -> str:
@@ -626,7 +630,7 @@ class MessageLock:
                 and not has_followers(self.sent),
                 # Only an actor with lock_info pays for its call, once per message.
                 "call": self.call if self.config.lock_info else None,
-                "stop_requested": False,
+                "stop_requested_by": None,
             },
         )
 

@@ -24,6 +24,7 @@ from dramatiq.logging import get_logger
 
 from .backends import LockBackend, LockRecord
 from .calls import short_call
+from .cancellation import asked_by_operator
 from .digest import DIGEST_LENGTH, compute_digest, encodes_as_utf8, lock_arguments
 from .errors import InvalidLockOptions
 from .held import QUEUED, RUNNING, STATES, ConflictInfo, Explanation, HolderInfo, LockInfo, WorkerInfo
@@ -559,7 +560,7 @@ class Locks:
             found = tuple(lock for lock in (lock.only(message_id=message_id) for lock in found) if lock is not None)
         return self.release(found)
 
-    def cancel(self, digest: str, message_id: str | None = None) -> tuple[LockInfo, ...]:
+    def cancel(self, digest: str, message_id: str | None = None, *, by: str | None = None) -> tuple[LockInfo, ...]:
         """Stop the running holders of the run lock of ``digest``, or only ``message_id``: each
         is asked to stop, and its worker interrupts it with :class:`~dramatiq_unique.Cancelled`
         at its next lease renewal, as ``cancel_in_progress`` does. Unlike :meth:`unlock`, the
@@ -569,11 +570,17 @@ class Locks:
         ``until_and_while_executing``): their workers renew their leases. A holder whose worker
         died is not interrupted; its lease lapses.
 
+        Parameters:
+          by(str): Who asks, which the holder's worker logs and its ``cancelled`` event and
+            the conflict trail tell as ``operator <by>``; ``None``, the default, for the user
+            and host of this process, e.g. ``alice@ops-1``.
+
         Returns:
           tuple[LockInfo]: The run locks with the holders asked to stop; empty when no running
           holder matched.
         """
         asked_locks: builtins.list[LockInfo] = []
+        asker = asked_by_operator(by)
         for lock in self.get(digest):
             running = [
                 h
@@ -582,14 +589,20 @@ class Locks:
             ]
             if not running:
                 continue
-            asked = set(self.backend.request_stop(lock.key, [h.message_id for h in running]))
-            holders = tuple(h for h in running if h.message_id in asked)
+            asked = set(self.backend.request_stop(lock.key, [h.message_id for h in running], by=asker))
+            # As the records are now: a holder asked before keeps who asked first.
+            holders = tuple(
+                dataclasses.replace(h, stop_requested_by=h.stop_requested_by or asker)
+                for h in running
+                if h.message_id in asked
+            )
             if holders:
                 asked_locks.append(dataclasses.replace(lock, holders=holders))
                 self.logger.info(
-                    "The running message %s of actor %r was asked by hand to stop (run lock %r).",
+                    "The running message %s of actor %r was asked by %s to stop (run lock %r).",
                     ", ".join(repr(h.message_id) for h in holders),
                     lock.actor,
+                    asker,
                     lock.digest,
                 )
         return tuple(asked_locks)

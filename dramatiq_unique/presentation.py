@@ -224,6 +224,11 @@ def _call(holder: HolderInfo) -> str:
     return holder.call if holder.call is not None else "-"
 
 
+def holder_state(holder: HolderInfo) -> str:
+    """A holder's state as the tables show it: ``stopping`` for a running holder asked to stop."""
+    return "stopping" if holder.stop_requested_by is not None else holder.state
+
+
 def lock_table(locks: Iterable[LockInfo], *, indent: str = "", width: int | None = None) -> list[str]:
     """One row per holder, with its lock, then one per message waiting in its line.
 
@@ -258,7 +263,7 @@ def lock_table(locks: Iterable[LockInfo], *, indent: str = "", width: int | None
                 holder.queue,
                 holder.lock,
                 _first(holder.message_id, SHORT_MESSAGE_ID, short),
-                holder.state,
+                holder_state(holder),
                 age(holder, lock),
                 lease(holder, lock),
                 expires(holder, lock),
@@ -294,7 +299,7 @@ def holder_table(lock: LockInfo, *, indent: str = "  ", width: int | None = None
     rows = [
         (
             _first(h.message_id, SHORT_MESSAGE_ID, short),
-            h.state,
+            holder_state(h),
             age(h, lock),
             lease(h, lock),
             expires(h, lock),
@@ -329,6 +334,15 @@ def holder_calls(lock: LockInfo, *, indent: str = "  ") -> list[str]:
     return [f"{indent}call of message {h.message_id!r}: {h.call}" for h in lock.holders if h.call is not None]
 
 
+def holder_stops(lock: LockInfo, *, indent: str = "  ") -> list[str]:
+    """A line per holder asked to stop: ``message '…' was asked to stop by message …``."""
+    return [
+        f"{indent}message {h.message_id!r} was asked to stop by {h.stop_requested_by}; it stops at its next renewal"
+        for h in lock.holders
+        if h.stop_requested_by is not None
+    ]
+
+
 def record_fields(holder: HolderInfo) -> list[tuple[str, str]]:
     """A holder's record as its lock stores it, field by field, for a person: its owner, token,
     times, worker, broker id, flags in words and the call it keeps (``lock_info``)."""
@@ -338,6 +352,8 @@ def record_fields(holder: HolderInfo) -> list[tuple[str, str]]:
         flags.append("a newer message may take its place")
     if fields.get("handed"):
         flags.append("handed by the lock's line, its message not started yet")
+    if holder.stop_requested_by is not None:
+        flags.append(f"asked to stop by {holder.stop_requested_by}")
     return [
         ("owner", place.owner),
         ("message", holder.message_id),
@@ -387,6 +403,7 @@ _BECAME = {
     "displaced": ("was displaced from the line", "were displaced from the line"),
     "healing": ("was refused while the lock store healed", "were refused while the lock store healed"),
     "outage": ("met a failing lock store", "met a failing lock store"),
+    "cancelled": ("was cancelled while it ran", "were cancelled while they ran"),
 }
 
 #: The widest line of the trail as the command prints it.
@@ -400,7 +417,10 @@ def short_id(message_id: str) -> str:
 
 def holder_phrase(entry: ConflictInfo, *, full: bool = False) -> str:
     """Who held the lock: ``held by message '0b5e3c1a-…' (running on worker 'vm:1:ab')``, or
-    short, without quotes: ``held by 0b5e3c1a (running on worker vm:1:ab)``."""
+    short, without quotes: ``held by 0b5e3c1a (running on worker vm:1:ab)``; for a message
+    cancelled, who asked it to stop: ``asked to stop by message 0b5e3c1a-…``."""
+    if entry.cancelled_by:
+        return f"asked to stop by {entry.cancelled_by}"
     if not entry.holders:
         return "no holder" if entry.outcome not in ("healing", "outage") else (entry.reason or "the store failed")
     name = f"message {entry.holders[0]!r}" if full else short_id(entry.holders[0])

@@ -153,7 +153,8 @@ class WorkerSide:
         :meth:`finish` gives its locks up."""
         lock = self._thread.processing
         if lock is not None and lock.message_id == message.message_id:
-            tell_cancelled(broker, message, lock, exception)
+            by = None if self.cancellations is None else self.cancellations.asked_by(message.message_id)
+            tell_cancelled(broker, message, lock, exception, by)
         if self.cancellations is not None:
             self.cancellations.forget(message.message_id)
 

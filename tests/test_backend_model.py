@@ -121,7 +121,7 @@ def renewed(answer: int | None | LockBackendError) -> Any:
     """A renewal's answer: no place, a place that never lapses, or a new expiry (of a holder
     asked to stop, or not)."""
     if isinstance(answer, StopRequested):
-        return ("asked to stop", renewed(int(answer)))
+        return ("asked to stop", answer.by, renewed(int(answer)))
     if isinstance(answer, int) and answer > 0:
         return "expires"
     return outcome(answer)
@@ -406,10 +406,13 @@ class BackendModel(RuleBasedStateMachine):
 
     @rule(data=st.data(), count=st.integers(min_value=0, max_value=2))
     def request_stop(self, data: st.DataObject, count: int) -> None:
-        """Running holders asked to stop (cancel): some messages', or every one (none named)."""
+        """Running holders asked to stop (cancel): some messages', or every one (none named), by
+        a newer message or an operator whose name holds what a record escapes; a holder asked
+        before keeps the first who asked."""
         key = self.key(data)
         message_ids = [self.message(data, key) for _ in range(count)]
-        self.same(self.both(lambda _, b: b.request_stop(key, message_ids)))
+        by = data.draw(st.sampled_from(["message m1", "operator al|ce%41*\n@ops"]), label="by")
+        self.same(self.both(lambda _, b: b.request_stop(key, message_ids, by=by)))
 
     @rule(data=st.data())
     def record_handoff(self, data: st.DataObject) -> None:

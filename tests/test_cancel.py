@@ -76,18 +76,19 @@ def test_a_newer_message_interrupts_the_running_one_which_is_neither_retried_nor
     first = sync.send("acme", 0)
     wait_for(lambda: "start 0" in runs)
     sent_at = time.monotonic()
-    sync.send("acme", 1)
+    second = sync.send("acme", 1)
     wait_for(lambda: "end 0" in runs, timeout=5)
     assert time.monotonic() - sent_at < 1  # one heartbeat interval, and some
     env.join(sync)
     assert runs.entries == ["start 0", "end 0", "start 1", "done 1", "end 1"]
     (event,) = cancelled
     assert (event.message_id, event.actor_name, event.lock_kind) == (first.message_id, "sync", "run")
+    assert event.cancelled_by == f"message {second.message_id}"
     sample = registry.get_sample_value(
         "dramatiq_unique_cancellations_total", {"queue_name": "default", "actor_name": "sync"}
     )
     assert sample == 1
-    with pytest.raises(ResultFailure, match="Cancelled"):
+    with pytest.raises(ResultFailure, match=f"was asked to stop by message {second.message_id}"):
         results.get_result(first, block=True, timeout=1000)
     if env.kind == "stub":
         assert env.broker.dead_letters == []
@@ -95,6 +96,7 @@ def test_a_newer_message_interrupts_the_running_one_which_is_neither_retried_nor
     env.middleware.activity.flush()
     (entry,) = [e for e in Locks.from_middleware(env.middleware).history("sync") if e.outcome == "cancelled"]
     assert (entry.message_id, entry.call, entry.lock_kind) == (first.message_id, "sync('acme', 0)", "run")
+    assert entry.cancelled_by == f"message {second.message_id}"
 
 
 @pytest.mark.parametrize(

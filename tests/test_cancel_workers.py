@@ -19,7 +19,8 @@ from dramatiq.results import ResultFailure, Results
 from dramatiq.results.backends import RedisBackend as RedisResults
 
 import dramatiq_unique
-from dramatiq_unique import RedisBackend, UniqueJobs
+from dramatiq_unique import ConflictInfo, Locks, RedisBackend, UniqueJobs
+from dramatiq_unique.presentation import holder_phrase
 
 from .support import wait_for
 from .test_concurrency import processes  # noqa: F401 (fixture)
@@ -43,6 +44,8 @@ unique = UniqueJobs(
     reaper_interval=1000,
 )
 unique.reaper.min_age = 1000
+# The cancelled events, as a subscriber sees them.
+unique.subscribe("cancelled", lambda e: client.rpush("test:cancelled", f"{{e.message_id}} {{e.cancelled_by}}"))
 broker.add_middleware(unique, before=TimeLimit)
 broker.add_middleware(Results(backend=RedisResults(client=client)))
 broker.add_middleware(Ready())
@@ -120,6 +123,26 @@ def events(client) -> list[str]:
     return [f"{what} {seq}" for what, seq, _ in runs(client)]
 
 
+def cancelled_events(client) -> list[str]:
+    """The cancelled events the worker's subscriber saw: the message and who asked it to stop."""
+    return [event.decode() for event in client.lrange("test:cancelled", 0, -1)]
+
+
+def log_of(process) -> str:
+    """What a process wrote so far (stdout and stderr)."""
+    return Path(process.log.name).read_text()
+
+
+def trail(client, actor: str) -> list[ConflictInfo]:
+    """The conflict trail of ``actor`` once the worker's periodic thread wrote its cancelled entry."""
+
+    def cancelled() -> list[ConflictInfo]:
+        return [e for e in Locks(RedisBackend(client=client)).history(actor) if e.outcome == "cancelled"]
+
+    wait_for(lambda: cancelled() != [], timeout=10)
+    return cancelled()
+
+
 def assert_never_overlapping(client) -> None:
     """Each run ends (its `finally`) before the next one starts."""
     kinds = [what for what, _, _ in runs(client) if what not in ("done", "cancelled")]
@@ -148,6 +171,28 @@ def test_a_newer_send_interrupts_the_running_holder_and_runs_once_after_it(worke
         first.get_result(backend=RedisResults(client=redis_client), block=True, timeout=5000)
     # The newer one was handed the place by the line: its result is its copy's; the run says it ran.
     assert second.message_id
+
+
+@pytest.mark.slow
+def test_the_worker_log_the_event_and_the_trail_name_the_newer_message_that_cancelled_the_run(
+    worker, deploy, redis_client
+):
+    """Issue 35, point 3: the cancelled message's outcome says by which message."""
+    process = worker()
+    first = deploy.send("shop", 0)
+    wait_for(lambda: "start 0" in events(redis_client), timeout=30)
+    second = deploy.send("shop", 1)
+    wait_for(lambda: "end 1" in events(redis_client), timeout=10)
+    by = f"message {second.message_id}"
+    # The worker process's lines reach the log through dramatiq's main process: soon after.
+    wait_for(lambda: "is neither retried nor dead-lettered" in log_of(process), timeout=10)
+    log = log_of(process)
+    assert f"Message {first.message_id!r} of actor 'deploy' was asked to stop by {by} while it ran" in log
+    assert f"{first.message_id!r} of actor 'deploy' was cancelled while it ran: it was asked to stop by {by}" in log
+    assert cancelled_events(redis_client) == [f"{first.message_id} {by}"]
+    (entry,) = trail(redis_client, "deploy")
+    assert (entry.message_id, entry.cancelled_by) == (first.message_id, by)
+    assert holder_phrase(entry, full=True) == f"asked to stop by {by}"
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ from .support import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_KEYS = {"digest", "kind", "actor", "queue", "lock", "holders", "waiting"}
-HOLDER_KEYS = {"message_id", "state", "worker_id", "acquired_at", "expires_at", "token", "call"}
+HOLDER_KEYS = {"message_id", "state", "worker_id", "acquired_at", "expires_at", "token", "call", "stop_requested_by"}
 #: The command's own; tests/cli_app.py reads CLI_APP_URL, which the fixture sets.
 URL_VARIABLES = ("DRAMATIQ_UNIQUE_URL", "REDIS_URL")
 

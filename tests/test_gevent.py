@@ -308,7 +308,7 @@ first = gevent.spawn(message, "a", 60, asked=asked)
 gevent.sleep(0.1)
 started = time.monotonic()
 target, held = asked["a"]
-from_native_thread(lambda: cancellations.interrupt(target, subject("a"), lambda: held[0]))
+from_native_thread(lambda: cancellations.interrupt(target, subject("a"), lambda: held[0], "message x"))
 first.join(5)
 runs.append(f"a took {time.monotonic() - started:.3f}")
 
@@ -319,7 +319,7 @@ def ask_b():
     while "b" not in asked:
         native_sleep(0.01)
     target, held = asked["b"]
-    cancellations.interrupt(target, subject("b"), lambda: held[0])
+    cancellations.interrupt(target, subject("b"), lambda: held[0], "message x")
     asking.append(f"asked b while it ran: {held[0]}")
 
 

@@ -85,6 +85,7 @@ def test_list_shows_every_held_lock_with_its_holders(app):
                 "expires_at": None,
                 "token": holder.token,
                 "call": None,
+                "stop_requested_by": None,
             }
         ],
         "waiting": [],

@@ -28,10 +28,11 @@ def test_cancel_this_run_asks_the_running_holder_to_stop_once_confirmed(app):  #
     forged = dataclasses.replace(form, fields={**form.fields, "csrf": "0" * 64})
     assert c.submit(forged).status == 403
     (held,) = RedisBackend(client=env.backend.client).read([run_key("dramatiq-unique", sync)])[1]
-    assert "stop_requested" not in held.holder
+    assert "stop_requested_by" not in held.holder
 
     answer = c.submit(form)
     assert "Asked 1 running message(s) to stop" in answer.text
     # The place stays held until the message has stopped: no second copy starts meanwhile.
     (held,) = RedisBackend(client=env.backend.client).read([run_key("dramatiq-unique", sync)])[1]
-    assert held.holder["stop_requested"] is True and held.holder["message_id"] == sent["sync"].message_id
+    assert held.holder["stop_requested_by"].startswith("operator an unknown client on the web page of ")
+    assert held.holder["message_id"] == sent["sync"].message_id

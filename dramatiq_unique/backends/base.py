@@ -75,9 +75,10 @@ class Holder:
       call(str): The holder's actor call as a person reads it, e.g. ``reindex('acme', 200)``,
         already cut to its actor's ``lock_info`` bound; ``None``, the default, records none and
         costs no byte.
-      stop_requested(bool): Whether this running holder was asked to stop
-        (``cancel_in_progress``, or an operator's cancel): its worker learns it
-        at its next lease renewal. The request goes with the holder's place.
+      stop_requested_by(str): Who asked this running holder to stop, as a person reads it:
+        ``message <message_id>`` for a newer message (``cancel_in_progress``), ``operator <who>``
+        for an operator's cancel; ``None``, the default, for a holder not asked. Its worker
+        learns it at its next lease renewal. The request goes with the holder's place.
     """
 
     message_id: str
@@ -89,7 +90,7 @@ class Holder:
     redis_message_id: str | None = None
     replaceable: bool = False
     call: str | None = None
-    stop_requested: bool = False
+    stop_requested_by: str | None = None
 
     def to_json(self) -> str:
         """The holder as compact JSON; fields that are not set, and ``replaceable`` when false, are left out."""
@@ -108,8 +109,8 @@ class Holder:
             fields["replaceable"] = True
         if self.call:
             fields["call"] = self.call
-        if self.stop_requested:
-            fields["stop_requested"] = True
+        if self.stop_requested_by is not None:
+            fields["stop_requested_by"] = self.stop_requested_by
         return json.dumps(fields, separators=(",", ":"))
 
     def encode(self, owner: str) -> str:
@@ -127,17 +128,25 @@ class Holder:
             redis_message_id = f"%{ord(redis_message_id[0]):02X}{redis_message_id[1:]}"
         else:
             redis_message_id = escape(redis_message_id)
-        stop = "!" if self.stop_requested else ""
+        stop = "" if self.stop_requested_by is None else "!"
         flags = f"{_STATE_CODES[self.state]}{lock}{stop}{'+' if self.replaceable else ''}"
         # Left out when it is the owner, as it is for every enqueue lock.
         message_id = "" if self.message_id == owner else escape(self.message_id)
         worker_id, actor, queue = escape(self.worker_id or ""), escape(self.actor), escape(self.queue)
         holder = f"{flags}|{worker_id}|{redis_message_id}|{actor}|{queue}|{message_id}"
+        # A seventh field, only for an actor with lock_info, and an eighth, only for a holder
+        # asked to stop (the seventh empty then, without a call). Their "*" is escaped too: a
+        # lock's value without one holds no place that a line handed, which its release reads fast.
+        if self.stop_requested_by is not None:
+            return f"{holder}|{_escape_all(self.call or '')}|{_escape_all(self.stop_requested_by)}"
         if not self.call:
             return holder
-        # A seventh field, only for an actor with lock_info. Its "*" is escaped too: a lock's
-        # value without one holds no place that a line handed, which its release reads fast.
-        return f"{holder}|{escape(self.call).replace('*', '%2A')}"
+        return f"{holder}|{_escape_all(self.call)}"
+
+
+def _escape_all(text: str) -> str:
+    """``text`` as a holder's last fields hold it: escaped, its ``*`` written ``%2A`` too."""
+    return escape(text).replace("*", "%2A")
 
 
 def format_record(*, expires_at: int | None, token: int, acquired_at: int, holder: str) -> str:
@@ -176,10 +185,13 @@ def _long_uuid(text: str) -> str:
 def _decode(owner: str, holder: str) -> dict[str, Any]:
     """The fields of a recorded holder, named as :class:`Holder` names them."""
     parts = holder.split("|")
+    stop_requested_by = parts.pop() if len(parts) == 8 else None
     call = parts.pop() if len(parts) == 7 else ""
     flags, worker_id, redis_message_id, actor, queue, message_id = parts
     if not re.fullmatch("[qr][a-z][!]?[+]?[*]?", flags):
         raise ValueError(f"no holder's flags: {flags!r}")
+    if (stop_requested_by is None) == ("!" in flags):
+        raise ValueError(f"a holder asked to stop names who asked, and only it: {holder!r}")
     fields: dict[str, Any] = {"message_id": unescape(message_id) if message_id else owner}
     fields["actor"], fields["queue"] = unescape(actor), unescape(queue)
     fields["lock"], fields["state"] = _LOCKS.get(flags[1], "internal"), _STATES[flags[0]]
@@ -193,8 +205,8 @@ def _decode(owner: str, holder: str) -> dict[str, Any]:
         fields["replaceable"] = True
     if flags.endswith("*"):
         fields["handed"] = True
-    if "!" in flags:
-        fields["stop_requested"] = True
+    if stop_requested_by is not None:
+        fields["stop_requested_by"] = unescape(stop_requested_by)
     if call:
         fields["call"] = unescape(call)
     return fields
@@ -398,9 +410,19 @@ class MessagesInHand:
 
 class StopRequested(int):
     """A renewal's answer (:meth:`~dramatiq_unique.LockBackend.renew_many`): the place's new
-    expiry, whose holder was asked to stop (:meth:`~dramatiq_unique.LockBackend.request_stop`)."""
+    expiry, whose holder was asked to stop (:meth:`~dramatiq_unique.LockBackend.request_stop`).
 
-    __slots__ = ()
+    Parameters:
+      expires_at(int): The place's new expiry, the value of this int.
+      by(str): Who asked, as :meth:`~dramatiq_unique.LockBackend.request_stop` was told.
+    """
+
+    by: str
+
+    def __new__(cls, expires_at: int | str, by: str) -> StopRequested:
+        answer = super().__new__(cls, expires_at)
+        answer.by = by
+        return answer
 
 
 @dataclass(frozen=True)
@@ -680,11 +702,12 @@ class LockBackend(abc.ABC):
           its lease ran out, or it was released.
         """
 
-    def request_stop(self, key: str, message_ids: Sequence[str] = ()) -> list[str]:
-        """Ask running holders of the lock at ``key`` to stop: each is marked in its own record, so
-        the request goes with its place, and its worker learns it in the answer to its next
-        renewal (a :class:`~dramatiq_unique.backends.StopRequested` from :meth:`renew_many`).
-        Queued holders are left alone.
+    def request_stop(self, key: str, message_ids: Sequence[str] = (), *, by: str) -> list[str]:
+        """Ask running holders of the lock at ``key`` to stop: each is marked in its own record,
+        with who asked, so the request goes with its place, and its worker learns it in the
+        answer to its next renewal (a :class:`~dramatiq_unique.backends.StopRequested` from
+        :meth:`renew_many`). Queued holders are left alone, and a holder asked before keeps
+        the first who asked.
         This implementation raises: a backend that cannot mark its holders fails like a store
         that does not answer, so ``cancel_in_progress`` waits for the holder to end and
         :meth:`~dramatiq_unique.Locks.cancel` says why.
@@ -692,6 +715,7 @@ class LockBackend(abc.ABC):
         Parameters:
           message_ids(list[str]): The messages whose running places to mark; empty for every
             running holder.
+          by(str): Who asks, as a person reads it (``Holder.stop_requested_by``).
 
         Returns:
           list[str]: The message_ids of the holders asked (now or before), oldest first.

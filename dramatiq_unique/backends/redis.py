@@ -52,6 +52,7 @@ from .base import (
     Waiter,
     parse_lock,
     read_place,
+    unescape,
 )
 from .native_connection import native_client
 from .scripts import LuaScripts, ScriptCaller
@@ -473,8 +474,8 @@ class RedisBackend(LockBackend):
                 answers[i] = reply if isinstance(reply, LockBackendError) else _renewal(reply[at])
         return answers
 
-    def request_stop(self, key: str, message_ids: Sequence[str] = ()) -> list[str]:
-        return [_text(message_id) for message_id in self._call("request_stop", [key], list(message_ids))]
+    def request_stop(self, key: str, message_ids: Sequence[str] = (), *, by: str) -> list[str]:
+        return [_text(message_id) for message_id in self._call("request_stop", [key], [by, *message_ids])]
 
     def heartbeat(self, key: str, worker_id: str, *, ttl: int, in_hand: MessagesInHand | None = None) -> int:
         if in_hand is None:
@@ -1297,11 +1298,12 @@ def _acquisition(reply: list[Any] | int) -> Acquisition:
 
 def _renewal(answer: Any) -> int | None:
     """One answer of ``renew_many.lua``: an expiry, a negative number for a place not held, or
-    ``"!"`` and the expiry for a holder asked to stop."""
+    ``"!"``, the expiry, ``"|"`` and who asked (escaped) for a holder asked to stop."""
     if isinstance(answer, bytes | str):
         text = _text(answer)
         if text.startswith("!"):
-            return StopRequested(text[1:])
+            expires_at, _, by = text[1:].partition("|")
+            return StopRequested(expires_at, unescape(by))
         answer = text
     value = int(answer)
     return None if value < 0 else value

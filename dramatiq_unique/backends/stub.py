@@ -345,13 +345,14 @@ class StubBackend(LockBackend):
         place = self._live_place(lease.key, lease.owner, now)
         if place is None:
             return None
+        by = place.holder.stop_requested_by
         if place.expires_at is None:
-            return StopRequested(0) if place.holder.stop_requested else 0
+            return 0 if by is None else StopRequested(0, by)
         target = now + lease.ttl if lease.deadline is None else min(now + lease.ttl, lease.deadline)
         place.expires_at = max(place.expires_at, target)
-        return StopRequested(place.expires_at) if place.holder.stop_requested else place.expires_at
+        return place.expires_at if by is None else StopRequested(place.expires_at, by)
 
-    def request_stop(self, key: str, message_ids: Sequence[str] = ()) -> list[str]:
+    def request_stop(self, key: str, message_ids: Sequence[str] = (), *, by: str) -> list[str]:
         with self._mutex:
             now = _now()
             if key in self._locks and not self._lines.get(line_key(key)):
@@ -363,7 +364,8 @@ class StubBackend(LockBackend):
                 message_id = place.holder.message_id
                 if lapsed or place.holder.state != "running" or (message_ids and message_id not in message_ids):
                     continue
-                place.holder = dataclasses.replace(place.holder, stop_requested=True)
+                if place.holder.stop_requested_by is None:
+                    place.holder = dataclasses.replace(place.holder, stop_requested_by=by)
                 asked.append(message_id)
             return asked
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -28,7 +29,17 @@ from ..held import STATES, LockInfo
 from ..links import EXTRAS
 from ..operations import Locks, unique_jobs_of
 from ..options import DEFAULT_LOCK_PREFIX
-from ..presentation import age, expires, format_duration, format_time, holder_phrase, lease, record_fields, where_phrase
+from ..presentation import (
+    age,
+    expires,
+    format_duration,
+    format_time,
+    holder_phrase,
+    holder_state,
+    lease,
+    record_fields,
+    where_phrase,
+)
 from .security import SECURITY_HEADERS, Csrf, mount_path
 
 try:
@@ -348,7 +359,7 @@ class LocksWebApp:
             raise HTTPError(400, "Tick the box to confirm that the running message is to be stopped.")
         digest, message_id = form.get("digest", ""), form.get("message_id")
         try:
-            asked = self.locks.cancel(digest, message_id)
+            asked = self.locks.cancel(digest, message_id, by=_operator(request.environ))
         except ValueError as e:
             raise HTTPError(400, str(e)) from None
         what = f"digest {digest}" + ("" if message_id is None else f", message {message_id!r}")
@@ -391,10 +402,18 @@ class LocksWebApp:
             trail_where=where_phrase,
             trail_holder=functools.partial(holder_phrase, full=True),
             record_fields=record_fields,
+            holder_state=holder_state,
             status=status,
             **context,
         )
         return Response(status, body, headers=headers)
+
+
+def _operator(environ: WSGIEnvironment) -> str:
+    """Who cancels from the page, as the holder's worker logs it: the user the server
+    authenticated, else the client's address, and the host that serves the page."""
+    who = environ.get("REMOTE_USER") or environ.get("REMOTE_ADDR") or "an unknown client"
+    return f"{who} on the web page of {socket.gethostname()}"
 
 
 def _calls_of(locks: Iterable[LockInfo]) -> dict[str, list[str]]:

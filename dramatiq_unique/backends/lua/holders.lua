@@ -9,14 +9,15 @@
 -- with "%", "|" and newlines in the owner written %25, %7C and %0A (escape), where acquired_at
 -- is the token's millisecond less `late` (empty for 0) and expires_at is acquired_at plus
 -- `lifetime` (empty: never), and a holder is
---   "<state><lock>[!][+][*]|<worker_id>|<redis_message_id>|<actor>|<queue>|<message_id>[|<call>]"
+--   "<state><lock>[!][+][*]|<worker_id>|<redis_message_id>|<actor>|<queue>|<message_id>[|<call>[|<by>]]"
 -- with one-letter codes for state and lock type, "!" for a running holder asked to stop,
 -- "+" for a replaceable holder, "*" for one
 -- whose place a line handed it (its message is among the waiters until it starts), each value
 -- escaped as the owner is (Holder.encode), an empty message_id for a holder whose owner is
--- its message_id, and the holder's call only for an actor with lock_info (with "*" escaped
--- too, as %2A). A script that writes a holder again keeps it whole, call included. The key
--- expires with its longest-lived holder and goes with its last one.
+-- its message_id, the holder's call only for an actor with lock_info, and who asked a holder
+-- marked "!" to stop, only for it (its call empty then, without lock_info); in these last two
+-- "*" is escaped too, as %2A. A script that writes a holder again keeps it whole, call and
+-- request included. The key expires with its longest-lived holder and goes with its last one.
 --
 -- Fencing tokens follow the server's clock in microseconds and, through a clock that steps back,
 -- the last token issued in the lock's hash slot, which the slot's format key under the lock
@@ -145,11 +146,13 @@ local function parse(record)
   return expires_at, token, acquired_at, holder
 end
 
--- Whether `holder` is one as Holder.encode writes it: "<state><lock>[!][+][*]" and five "|", or
--- six for a holder that keeps its call (lock_info), looked at only when five do not match.
+-- Whether `holder` is one as Holder.encode writes it: "<state><lock>[+][*]" and five "|", or
+-- six for a holder that keeps its call (lock_info), looked at only when five do not match, or
+-- "<state><lock>![+][*]" and seven for a holder asked to stop, looked at last.
 local function readable_holder(holder)
-  return string.match(holder, "^[qr]%l!?%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
-    or string.match(holder, "^[qr]%l!?%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
+  return string.match(holder, "^[qr]%l%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
+    or string.match(holder, "^[qr]%l%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
+    or string.match(holder, "^[qr]%l!%+?%*?|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*$") ~= nil
 end
 
 -- A line of a lock's value: its owner, its record, the record's expiry, and whether this version
@@ -745,6 +748,8 @@ local function renew_place(key, owner, ttl, deadline)
     end
   end
   expire_with_holders(key)
-  -- The second answer: whether the holder was asked to stop (a "!" after its lock type).
-  return expires_at or 0, string.match(holder, "^[qr]%l!") ~= nil
+  -- The second answer: who asked the holder to stop, escaped (a "!" after its lock type, and
+  -- the last field); nil for a holder not asked.
+  if string.match(holder, "^[qr]%l!") then return expires_at or 0, string.match(holder, "([^|]*)$") end
+  return expires_at or 0, nil
 end
