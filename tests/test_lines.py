@@ -666,3 +666,77 @@ def sender(env, key: str):
         return env.backend.acquire(key, message_id, limit=1, ttl=None, holder=holder, waiter=waiter)
 
     return send
+
+
+def test_a_send_of_another_strategy_leaves_a_lapsed_place_to_the_line_issue_31_gap_a(env):
+    # Issue 31, after defect 6: a message of a wait actor sent with on_conflict="reject" took the
+    # place whose lock_ttl ran out while message 1 waited for it: it jumped the line, and 1 waited
+    # for it to be done. The lapsed place goes to 1 now, and the newcomer meets a full lock.
+    runs = Runs()
+
+    @env.actor(
+        lock="until_executing",
+        on_conflict="wait",
+        lock_ttl=300,
+        reschedule_delay=POLLING_DELAY,
+        lock_args_method=lambda seq: [],
+    )
+    def post(seq):
+        runs.run("all", seq)
+
+    assert enqueue_outcome(post.send(0)).status == "enqueued"
+    assert enqueue_outcome(post.send(1)).status == "waiting"
+    time.sleep(0.4)  # 0's place lapsed, and 1 still waits for it
+    assert enqueue_outcome(post.send_with_options(args=(2,), on_conflict="reject")).status == "rejected"
+    env.worker(threads=1)
+    wait_for(lambda: len(runs.ends) == 2, timeout=30)
+    env.join(post)
+    assert [payload for payload, _, _ in runs.of("all")] == [0, 1]
+
+
+@pytest.mark.parametrize("step", ["acquire", "replace", "swap", "claim"])
+def test_a_step_that_meets_a_lapsed_place_hands_it_to_the_line_first_issue_31_gap_a(env, step):
+    # Issue 31, after defect 6: a send without a line (another strategy, a retry, an actor that
+    # shares the lock), a replacing send, a swap without a waiter, and the start of a stale copy
+    # of a handed message dropped a place that lapsed while messages waited, without handing it
+    # on: a newcomer took it ahead of them, or they waited for as long as the others held theirs.
+    from dramatiq_unique.backends import Holder, Waiter
+    from dramatiq_unique.keys import replaced_key
+
+    digest, handed = "e1" * 32, []
+    env.backend.handoffs = handed.extend
+    key = (run_key if step == "swap" else enqueue_key)("dramatiq-unique", digest)
+
+    def send(message_id: str, ttl: int | None = None):
+        holder = Holder(message_id, "post", "default", "until_executed", "queued")
+        waiter = Waiter(message=message_id.encode(), line_limit=10)
+        return env.backend.acquire(key, message_id, limit=2, ttl=ttl, holder=holder, waiter=waiter)
+
+    assert send("A", ttl=100).acquired and send("B").acquired
+    assert send("C").waiting == 1
+    if step == "claim":
+        assert send("D").waiting == 2
+        env.backend.release(key, "B")
+        (message,) = handed
+        token, handed[:] = int(message.partition(b"\n")[0]), []
+    time.sleep(0.2)  # A's place lapses (its lock_ttl, or its worker's lease), and C or D waits for it
+    newcomer = Holder("N", "post", "default", "until_executed", "queued", replaceable=step == "replace")
+    if step == "acquire":
+        assert not env.backend.acquire(key, "N", limit=2, ttl=None, holder=newcomer).acquired
+    elif step == "replace":
+        replaced = replaced_key("dramatiq-unique", digest)
+        assert not env.backend.replace(key, "N", replaced_key=replaced, limit=2, ttl=None, holder=newcomer).acquired
+    elif step == "swap":
+        running = Holder("N", "post", "default", "until_and_while_executing", "running", "worker-1")
+        assert not env.backend.swap(
+            release_key=enqueue_key("dramatiq-unique", digest), release_owner="N",
+            replaced_key=replaced_key("dramatiq-unique", digest), acquire_key=key, owner="attempt-N", limit=2,
+            ttl=60_000, holder=running,
+        ).acquired  # fmt: skip
+    else:
+        running = Holder("C", "post", "default", "until_executed", "running", "worker-1")
+        stale = str(token - 1)  # a copy the reaper replaced by enqueueing C again
+        assert env.backend.claim(key, "C", replaced_key=None, release=False, holder=running, starting=stale) == (
+            "started_before"
+        )
+    assert [m.partition(b"\n")[2] for m in handed] == [b"D" if step == "claim" else b"C"]
