@@ -14,12 +14,13 @@ from typing import Any
 
 import dramatiq
 import pytest
+from dramatiq.brokers.redis import RedisBroker
 
-from dramatiq_unique import Locks, RedisBackend, enqueue_outcome, reap_orphans
+from dramatiq_unique import Locks, RedisBackend, UniqueJobs, enqueue_outcome, reap_orphans
 from dramatiq_unique.keys import enqueue_key, line_key, run_key, waiters_key
 from dramatiq_unique.presentation import describe_lock, lock_table
 
-from .support import Gate, unique_warnings, wait_for
+from .support import Env, Gate, unique_warnings, wait_for
 
 #: StubBackend, a Redis server, and a Redis Cluster (locks on the cluster, messages on a Redis).
 ON_EVERY_BACKEND = pytest.mark.parametrize("env", ["stub", "redis", "cluster"], indirect=True)
@@ -742,40 +743,39 @@ def test_a_step_that_meets_a_lapsed_place_hands_it_to_the_line_first_issue_31_ga
     assert [m.partition(b"\n")[2] for m in handed] == [b"D" if step == "claim" else b"C"]
 
 
+@pytest.mark.parametrize(("lock", "on_conflict"), [("until_executed", "wait"), ("while_executing", {"server": "wait"})])
 def test_a_handed_message_whose_actor_the_worker_does_not_declare_hands_its_place_on_issue_31_gap_b(
-    redis_client, caplog
+    redis_client, caplog, lock, on_conflict
 ):
     # Issue 31, defect 3's other half: a deploy renamed the actor while messages waited in its
     # line. The old worker's last run handed its place to the next message, which a new worker,
     # without that actor, dead-lettered before any hook of ours ran: the place a line hands never
     # lapses, so that message held it for ever and every later message of the lock waited.
-    from dramatiq.brokers.redis import RedisBroker
-
-    from dramatiq_unique import UniqueJobs
-
-    from .support import Env
-
     def deploy() -> Env:
         backend = RedisBackend(client=redis_client)
         return Env("redis", RedisBroker(client=redis_client), backend, UniqueJobs(backend=backend))
 
     old, new, gate = deploy(), deploy(), Gate()
+    run = lock == "while_executing"
     with new.running(), old.running():
 
-        @old.actor(
-            lock="until_executed", on_conflict="wait", reschedule_delay=POLLING_DELAY, lock_args_method=lambda seq: []
-        )
+        @old.actor(lock=lock, on_conflict=on_conflict, reschedule_delay=POLLING_DELAY, lock_args_method=lambda seq: [])
         def export(seq):
-            gate.enter(seq)
+            if seq == 0:
+                gate.enter(seq)
 
         @new.actor
         def ping():
             pass
 
-        sent = [export.send(seq) for seq in range(3)]
-        assert [enqueue_outcome(m).status for m in sent] == ["enqueued", "waiting", "waiting"]
-        deployed = old.worker(threads=1)
+        sent = [export.send(0)]
+        deployed = old.worker(threads=3)
         wait_for(lambda: gate.runs == [0])
+        sent += [export.send(seq) for seq in (1, 2)]
+        if run:
+            old.wait_for_skips(2)  # 1 and 2 wait in the run lock's line
+        else:
+            assert [enqueue_outcome(m).status for m in sent] == ["enqueued", "waiting", "waiting"]
         new.worker(threads=1)
         # The old worker stops: its last run ends, and hands its place to message 1.
         stopping = threading.Thread(target=deployed.stop)
@@ -787,14 +787,15 @@ def test_a_handed_message_whose_actor_the_worker_does_not_declare_hands_its_plac
         digest = enqueue_outcome(sent[0]).digest
         # Messages 1 and 2 go to the dead-letter queue, each giving its place to the next in line.
         wait_for(lambda: len(new.dead_letters(export)) == 2, timeout=10)
-        wait_for(lambda: new.is_free(digest), timeout=10)
+        wait_for(lambda: new.is_free(digest, run=run), timeout=10)
         assert sorted(m.message_id for m in new.dead_letters(export)) == sorted(m.message_id for m in sent[1:])
         assert gate.runs == [0]
-        # A message sent now (by a process that still declares the actor) gives its own place up too.
-        sent.append(export.send(3))
-        assert enqueue_outcome(sent[3]).status == "enqueued"
-        wait_for(lambda: len(new.dead_letters(export)) == 3, timeout=10)
-        wait_for(lambda: new.is_free(digest), timeout=10)
+        if not run:
+            # A message sent now (by a process that still declares the actor) gives its own place up too.
+            sent.append(export.send(3))
+            assert enqueue_outcome(sent[3]).status == "enqueued"
+            wait_for(lambda: len(new.dead_letters(export)) == 3, timeout=10)
+            wait_for(lambda: new.is_free(digest), timeout=10)
         warnings = unique_warnings(caplog)
         for message in sent[1:]:
             assert any(message.message_id in w and "'export'" in w and digest in w for w in warnings), warnings
