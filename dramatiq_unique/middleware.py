@@ -64,6 +64,7 @@ from .persistence import warn_if_lines_unpersisted
 from .reaper import Reaper, ReaperTrigger, declare_reaper_actor, needs_messages_in_hand
 from .runtime import Runtime
 from .skip_log import install as leave_out_waiting_skips
+from .undeclared import give_up_places
 from .worker import WorkerSide
 
 if TYPE_CHECKING:
@@ -523,3 +524,6 @@ class UniqueJobs(Middleware):
 
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
         self.runtime.in_hand.left(message)
+        if message.actor_name not in broker.actors:
+            # Dead-lettered as it came off the queue, before any hook of ours saw it.
+            give_up_places(self.backend, self.lock_prefixes, message, self.logger)

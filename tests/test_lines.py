@@ -14,12 +14,13 @@ from typing import Any
 
 import dramatiq
 import pytest
+from dramatiq.brokers.redis import RedisBroker
 
-from dramatiq_unique import Locks, RedisBackend, enqueue_outcome, reap_orphans
+from dramatiq_unique import Locks, RedisBackend, UniqueJobs, enqueue_outcome, reap_orphans
 from dramatiq_unique.keys import enqueue_key, line_key, run_key, waiters_key
 from dramatiq_unique.presentation import describe_lock, lock_table
 
-from .support import Gate, unique_warnings, wait_for
+from .support import Env, Gate, unique_warnings, wait_for
 
 #: StubBackend, a Redis server, and a Redis Cluster (locks on the cluster, messages on a Redis).
 ON_EVERY_BACKEND = pytest.mark.parametrize("env", ["stub", "redis", "cluster"], indirect=True)
@@ -666,3 +667,135 @@ def sender(env, key: str):
         return env.backend.acquire(key, message_id, limit=1, ttl=None, holder=holder, waiter=waiter)
 
     return send
+
+
+def test_a_send_of_another_strategy_leaves_a_lapsed_place_to_the_line_issue_31_gap_a(env):
+    # Issue 31, after defect 6: a message of a wait actor sent with on_conflict="reject" took the
+    # place whose lock_ttl ran out while message 1 waited for it: it jumped the line, and 1 waited
+    # for it to be done. The lapsed place goes to 1 now, and the newcomer meets a full lock.
+    runs = Runs()
+
+    @env.actor(
+        lock="until_executing",
+        on_conflict="wait",
+        lock_ttl=300,
+        reschedule_delay=POLLING_DELAY,
+        lock_args_method=lambda seq: [],
+    )
+    def post(seq):
+        runs.run("all", seq)
+
+    assert enqueue_outcome(post.send(0)).status == "enqueued"
+    assert enqueue_outcome(post.send(1)).status == "waiting"
+    time.sleep(0.4)  # 0's place lapsed, and 1 still waits for it
+    assert enqueue_outcome(post.send_with_options(args=(2,), on_conflict="reject")).status == "rejected"
+    env.worker(threads=1)
+    wait_for(lambda: len(runs.ends) == 2, timeout=30)
+    env.join(post)
+    assert [payload for payload, _, _ in runs.of("all")] == [0, 1]
+
+
+@pytest.mark.parametrize("step", ["acquire", "replace", "swap", "claim"])
+def test_a_step_that_meets_a_lapsed_place_hands_it_to_the_line_first_issue_31_gap_a(env, step):
+    # Issue 31, after defect 6: a send without a line (another strategy, a retry, an actor that
+    # shares the lock), a replacing send, a swap without a waiter, and the start of a stale copy
+    # of a handed message dropped a place that lapsed while messages waited, without handing it
+    # on: a newcomer took it ahead of them, or they waited for as long as the others held theirs.
+    from dramatiq_unique.backends import Holder, Waiter
+    from dramatiq_unique.keys import replaced_key
+
+    digest, handed = "e1" * 32, []
+    env.backend.handoffs = handed.extend
+    key = (run_key if step == "swap" else enqueue_key)("dramatiq-unique", digest)
+
+    def send(message_id: str, ttl: int | None = None):
+        holder = Holder(message_id, "post", "default", "until_executed", "queued")
+        waiter = Waiter(message=message_id.encode(), line_limit=10)
+        return env.backend.acquire(key, message_id, limit=2, ttl=ttl, holder=holder, waiter=waiter)
+
+    assert send("A", ttl=100).acquired and send("B").acquired
+    assert send("C").waiting == 1
+    if step == "claim":
+        assert send("D").waiting == 2
+        env.backend.release(key, "B")
+        (message,) = handed
+        token, handed[:] = int(message.partition(b"\n")[0]), []
+    time.sleep(0.2)  # A's place lapses (its lock_ttl, or its worker's lease), and C or D waits for it
+    newcomer = Holder("N", "post", "default", "until_executed", "queued", replaceable=step == "replace")
+    if step == "acquire":
+        assert not env.backend.acquire(key, "N", limit=2, ttl=None, holder=newcomer).acquired
+    elif step == "replace":
+        replaced = replaced_key("dramatiq-unique", digest)
+        assert not env.backend.replace(key, "N", replaced_key=replaced, limit=2, ttl=None, holder=newcomer).acquired
+    elif step == "swap":
+        running = Holder("N", "post", "default", "until_and_while_executing", "running", "worker-1")
+        assert not env.backend.swap(
+            release_key=enqueue_key("dramatiq-unique", digest), release_owner="N",
+            replaced_key=replaced_key("dramatiq-unique", digest), acquire_key=key, owner="attempt-N", limit=2,
+            ttl=60_000, holder=running,
+        ).acquired  # fmt: skip
+    else:
+        running = Holder("C", "post", "default", "until_executed", "running", "worker-1")
+        stale = str(token - 1)  # a copy the reaper replaced by enqueueing C again
+        assert env.backend.claim(key, "C", replaced_key=None, release=False, holder=running, starting=stale) == (
+            "started_before"
+        )
+    assert [m.partition(b"\n")[2] for m in handed] == [b"D" if step == "claim" else b"C"]
+
+
+@pytest.mark.parametrize(("lock", "on_conflict"), [("until_executed", "wait"), ("while_executing", {"server": "wait"})])
+def test_a_handed_message_whose_actor_the_worker_does_not_declare_hands_its_place_on_issue_31_gap_b(
+    redis_client, caplog, lock, on_conflict
+):
+    # Issue 31, defect 3's other half: a deploy renamed the actor while messages waited in its
+    # line. The old worker's last run handed its place to the next message, which a new worker,
+    # without that actor, dead-lettered before any hook of ours ran: the place a line hands never
+    # lapses, so that message held it for ever and every later message of the lock waited.
+    def deploy() -> Env:
+        backend = RedisBackend(client=redis_client)
+        return Env("redis", RedisBroker(client=redis_client), backend, UniqueJobs(backend=backend))
+
+    old, new, gate = deploy(), deploy(), Gate()
+    run = lock == "while_executing"
+    with new.running(), old.running():
+
+        @old.actor(lock=lock, on_conflict=on_conflict, reschedule_delay=POLLING_DELAY, lock_args_method=lambda seq: [])
+        def export(seq):
+            if seq == 0:
+                gate.enter(seq)
+
+        @new.actor
+        def ping():
+            pass
+
+        sent = [export.send(0)]
+        deployed = old.worker(threads=3)
+        wait_for(lambda: gate.runs == [0])
+        sent += [export.send(seq) for seq in (1, 2)]
+        if run:
+            old.wait_for_skips(2)  # 1 and 2 wait in the run lock's line
+        else:
+            assert [enqueue_outcome(m).status for m in sent] == ["enqueued", "waiting", "waiting"]
+        new.worker(threads=1)
+        # The old worker stops: its last run ends, and hands its place to message 1.
+        stopping = threading.Thread(target=deployed.stop)
+        stopping.start()
+        time.sleep(0.2)
+        gate.open()
+        stopping.join()
+        old.workers.remove(deployed)
+        digest = enqueue_outcome(sent[0]).digest
+        # Messages 1 and 2 go to the dead-letter queue, each giving its place to the next in line.
+        wait_for(lambda: len(new.dead_letters(export)) == 2, timeout=10)
+        wait_for(lambda: new.is_free(digest, run=run), timeout=10)
+        assert sorted(m.message_id for m in new.dead_letters(export)) == sorted(m.message_id for m in sent[1:])
+        assert gate.runs == [0]
+        if not run:
+            # A message sent now (by a process that still declares the actor) gives its own place up too.
+            sent.append(export.send(3))
+            assert enqueue_outcome(sent[3]).status == "enqueued"
+            wait_for(lambda: len(new.dead_letters(export)) == 3, timeout=10)
+            wait_for(lambda: new.is_free(digest), timeout=10)
+        warnings = unique_warnings(caplog)
+        for message in sent[1:]:
+            assert any(message.message_id in w and "'export'" in w and digest in w for w in warnings), warnings

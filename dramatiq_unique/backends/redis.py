@@ -335,7 +335,7 @@ class RedisBackend(LockBackend):
         slot = self._place_keys(key, healing=healing)
         args = [owner, limit, ttl or 0, extend, holder.encode(owner)]
         if waiter is None:
-            return _acquisition(self._call("acquire", [key], args, slot=slot))
+            return self._acquisition_handing_over(self._call("acquire", [key], args, slot=slot))
         mode = "send" if starting is None else "start"
         args += [mode, starting or "", *_waiter_args(waiter, holder, limit)]
         reply, handed, dropped = self._call("line", [key, *_line_keys(key)], args, slot=slot)
@@ -403,6 +403,14 @@ class RedisBackend(LockBackend):
             [owner, limit, ttl or 0, extend, holder.encode(owner), REPLACED_TTL, debounce_cap or 0],
             slot=self._place_keys(key, healing=healing),
         )
+        return self._acquisition_handing_over(reply)
+
+    def _acquisition_handing_over(self, reply: list[Any] | int) -> Acquisition:
+        """The answer of ``acquire.lua`` or ``replace.lua``, which hand the lock's free places to
+        its line first where messages wait there: then ``{answer, handed, dropped}``."""
+        if isinstance(reply, list) and reply and isinstance(reply[0], list):
+            reply, handed, dropped = reply
+            self._hand_over(handed, dropped)
         return _acquisition(reply)
 
     def claim(

@@ -25,8 +25,10 @@ local holders, count = live_holders(key)
 local record = holders[owner]
 -- Only a copy a line handed a place is checked: every other start (nearly all) costs no ZSCORE.
 if ARGV[4] ~= "" and (served_before(line, owner, ARGV[4]) or handed_to_another(line, owner, record, ARGV[4])) then
+  -- This copy takes nothing, but the places that lapsed go to the line, as at any other start.
+  local handed = hand_over(key, line, holders, count)
   expire_with_holders(key)
-  return {-3, {}, {}}
+  return {-3, handed, dropped}
 end
 local answer = 0
 if record then

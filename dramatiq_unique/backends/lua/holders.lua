@@ -438,36 +438,6 @@ local function take_place(key, owner, limit, ttl, extend, holder, refused, holde
   return {1, token, expires_at or 0}, count
 end
 
-local function acquire(key, owner, limit, ttl, extend, holder, refused, value)
-  if not value and limit > 0 then
-    -- Nearly every send: a lock nobody holds. Written as take_place and expire_with_holders
-    -- would, with none of their bookkeeping.
-    if refused then return {-2} end
-    local now = clock()
-    local token = new_token()
-    if ttl > 0 then
-      local expires_at = now + ttl + extend
-      set_until(key, escape(owner) .. "|" .. format_record(expires_at, token, now, holder), expires_at)
-      close_slot()
-      return {1, token, expires_at}
-    end
-    local record = escape(owner) .. "|" .. format_record(nil, token, now, holder)
-    if slot then
-      -- The lock and the slot's last token in one command.
-      redis.call("MSET", key, record, slot.format, slot_value())
-      slot.issued = false
-    else
-      redis.call("SET", key, record)
-    end
-    -- The token alone: a place that never lapses (a table reply costs more).
-    return token
-  end
-  local holders, count = live_holders(key, false, value)
-  local reply = take_place(key, owner, limit, ttl, extend, holder, refused, holders, count)
-  expire_with_holders(key)
-  return reply
-end
-
 -- Whether a holder's place is recorded as queued: in a run lock, only a place its line handed.
 local function queued(record)
   local _, _, _, holder = parse(record)
@@ -554,6 +524,55 @@ local function hand_over(key, line, holders, count)
     redis.call("LPOP", line.list)
   end
   return handed, count
+end
+
+-- Hands the free places of the lock to its line, as hand_over does, for a step that takes a place
+-- for a message that does not wait in line (acquire, replace, a swap without a waiter): a place
+-- that lapsed while messages waited is theirs, in order, not the newcomer's. Only where the lock
+-- says that messages wait: the others pay nothing. `line`: its keys (nil: named after the lock,
+-- line_of). Returns NOTHING when nothing was handed.
+local function hand_over_first(key, holders, count, line)
+  if not locks[key].waits then return NOTHING, count end
+  local handed
+  handed, count = hand_over(key, line or line_of(key), holders, count)
+  if #handed == 0 then return NOTHING, count end
+  return handed, count
+end
+
+-- Takes a place (take_place), for a message that does not wait in line: where messages wait in
+-- the lock's line, they are handed the free places first (hand_over_first). Returns take_place's
+-- reply, or {that reply, the messages handed a place, the waiters dropped} when any were.
+local function acquire(key, owner, limit, ttl, extend, holder, refused, value)
+  if not value and limit > 0 then
+    -- Nearly every send: a lock nobody holds. Written as take_place and expire_with_holders
+    -- would, with none of their bookkeeping.
+    if refused then return {-2} end
+    local now = clock()
+    local token = new_token()
+    if ttl > 0 then
+      local expires_at = now + ttl + extend
+      set_until(key, escape(owner) .. "|" .. format_record(expires_at, token, now, holder), expires_at)
+      close_slot()
+      return {1, token, expires_at}
+    end
+    local record = escape(owner) .. "|" .. format_record(nil, token, now, holder)
+    if slot then
+      -- The lock and the slot's last token in one command.
+      redis.call("MSET", key, record, slot.format, slot_value())
+      slot.issued = false
+    else
+      redis.call("SET", key, record)
+    end
+    -- The token alone: a place that never lapses (a table reply costs more).
+    return token
+  end
+  local holders, count = live_holders(key, false, value)
+  local handed
+  handed, count = hand_over_first(key, holders, count)
+  local reply = take_place(key, owner, limit, ttl, extend, holder, refused, holders, count)
+  expire_with_holders(key)
+  if handed == NOTHING and #dropped == 0 then return reply end
+  return {reply, handed, dropped}
 end
 
 -- How many messages wait in the line, for a caller without a broker (`no_broker` "1"), which

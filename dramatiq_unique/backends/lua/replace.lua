@@ -7,11 +7,16 @@
 -- ARGV: owner, limit, ttl in ms (0: never lapses), extend in ms, holder, replaced set TTL in ms,
 -- debounce cap in ms (0: not debounced).
 -- Returns acquire's reply; a new place adds the replaced owner (false: none) and, when debounced,
--- the ms within which it is due at the latest.
+-- the ms within which it is due at the latest. Where a line was handed places first, the reply is
+-- {that reply, the messages handed a place, the waiters dropped}, as acquire answers it.
 local key, replaced_key, owner, limit = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
 local value, refused = read_for_place({key, unpack(KEYS, 4)}, 2)
 local holders, count = live_holders(key, false, value)
 reject_unreadable(key) -- before a holder is replaced
+-- Those in line (an actor that shares the lock and waits) are handed free places before anyone
+-- is replaced.
+local handed
+handed, count = hand_over_first(key, holders, count)
 local held_before = holders[owner] ~= nil
 local victim = nil
 if count >= limit and not held_before and not refused then
@@ -33,7 +38,9 @@ if count >= limit and not held_before and not refused then
 end
 local reply = take_place(key, owner, limit, tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], refused, holders, count)
 expire_with_holders(key)
-if reply[1] ~= 1 or held_before then return reply end
+local answer = reply
+if handed ~= NOTHING or #dropped > 0 then answer = {reply, handed, dropped} end
+if reply[1] ~= 1 or held_before then return answer end
 reply[4] = victim or false
 local cap = tonumber(ARGV[7])
 if cap > 0 then
@@ -48,4 +55,4 @@ if cap > 0 then
     reply[5] = cap
   end
 end
-return reply
+return answer

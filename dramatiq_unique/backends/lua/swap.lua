@@ -33,8 +33,9 @@ if ARGV[7] == "start" then
     refused, "start", ARGV[6], ARGV[8], tonumber(ARGV[9]), ARGV[10] == "1", value)
 else
   local holders, count = live_holders(KEYS[2], false, value)
+  handed, count = hand_over_first(KEYS[2], holders, count, line_at(KEYS[5], KEYS[6], KEYS[7]))
   reply = take_place(KEYS[2], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), 0, ARGV[5], refused, holders, count)
-  handed = {}
+  if handed == NOTHING then handed = {} end
 end
 expire_with_holders(KEYS[2])
 if reply[1] == 1 then serve(enqueue_line, ARGV[1], ARGV[6]) end
