@@ -95,6 +95,8 @@ class ReapReport:
       inspected(int): Places (holders of locks) inspected.
       released_dead_workers(int): Run locks released because their worker is dead.
       released_missing_messages(int): Enqueue locks released because their message no longer exists.
+      released_lapsed(int): Places whose lease or ``lock_ttl`` ran out that no other step had
+        dropped yet (another holder or a line kept the lock), freed: a line waiting is handed them.
       enqueued_again(int): Messages handed a place by a lock's line that never reached the
         broker, enqueued again.
       left_for_broker(int): Places that were to be freed and were left held: messages wait in
@@ -111,6 +113,7 @@ class ReapReport:
     inspected: int = 0
     released_dead_workers: int = 0
     released_missing_messages: int = 0
+    released_lapsed: int = 0
     enqueued_again: int = 0
     left_for_broker: int = 0
     forgotten_workers: int = 0
@@ -121,7 +124,7 @@ class ReapReport:
 
     @property
     def released(self) -> int:
-        return self.released_dead_workers + self.released_missing_messages
+        return self.released_dead_workers + self.released_missing_messages + self.released_lapsed
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "released": self.released}
@@ -234,12 +237,13 @@ class Reaper:
             )
         self.logger.info(
             "The orphan reaper inspected %s of locks in %s and released %d: %d of dead workers, "
-            "%d of messages that no longer exist.%s",
+            "%d of messages that no longer exist%s.%s",
             count(report.inspected, "holder"),
             count(report.passes, "pass", "passes"),
             report.released,
             report.released_dead_workers,
             report.released_missing_messages,
+            f", {report.released_lapsed} that lapsed" * bool(report.released_lapsed),
             f" It enqueued again {count(report.enqueued_again, 'message')} that a line handed a slot."
             * bool(report.enqueued_again),
         )
@@ -288,7 +292,8 @@ class Reaper:
             if record.expires_at is not None and record.expires_at <= now:
                 # Lapsed (a dead worker's lease): dropped, and its place handed to the lock's line, if
                 # any, by a release that frees nothing else. Without a line, the next operation would.
-                self._release_record(record, report)
+                ran_out = "lease" if record.kind == RUN else "lock_ttl"
+                self._release(record, report, f"its {ran_out} ran out", lapsed=True)
                 continue
             # Only run locks end with their worker. An enqueue lock recorded as running (replace)
             # belongs to a message the broker redelivers when its worker dies; a queued place in
@@ -344,10 +349,12 @@ class Reaper:
             self.logger.warning("The orphan reaper could not free a place: %s", e)
             return False
 
-    def _release(self, record: LockRecord, report: ReapReport, reason: str) -> None:
+    def _release(self, record: LockRecord, report: ReapReport, reason: str, *, lapsed: bool = False) -> None:
         if not self._release_record(record, report):
             return  # renewed, re-entered or released since it was read, or left to a reaper with a broker
-        if record.kind == RUN:
+        if lapsed:
+            report.released_lapsed += 1
+        elif record.kind == RUN:
             report.released_dead_workers += 1
         else:
             report.released_missing_messages += 1

@@ -7,6 +7,7 @@ start and end on one clock, under a mutex; what send() returned; what is in the 
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
@@ -489,7 +490,8 @@ def test_only_the_copy_a_line_handed_a_place_takes_it(env):
     assert place(env, key, "B", starting=token)[1].acquired
 
 
-def test_the_reaper_hands_a_lapsed_place_to_the_line(env):
+def test_the_reaper_hands_a_lapsed_place_to_the_line_and_says_so(env, caplog):
+    caplog.set_level(logging.INFO)
     # A's worker died: its lease ran out, and nothing else touches the lock.
     key, handed = "dramatiq-unique:{" + "cd" * 32 + "}:run", []
     env.backend.handoffs = handed.extend
@@ -497,9 +499,13 @@ def test_the_reaper_hands_a_lapsed_place_to_the_line(env):
     assert a.acquired
     assert place(env, key, "B")[1].waiting == 1
     time.sleep(0.1)
-    env.middleware.reaper.run()
+    report = env.middleware.reaper.run()
     assert [m.partition(b"\n")[2] for m in handed] == [b'{"message_id": "B"}']
     assert Locks(env.backend).get("cd" * 32)[0].holders[0].message_id == "B"
+    # The run says what it freed: it released 0 before, with the lapsed place handed on unsaid.
+    assert (report.released_lapsed, report.released) == (1, 1)
+    assert "released lock %r of message 'A'" % key in caplog.text and "its lease ran out" in caplog.text
+    assert "released 1: 0 of dead workers, 0 of messages that no longer exist, 1 that lapsed." in caplog.text
 
 
 def test_a_lapsed_place_that_a_renewal_meets_stays_for_the_line(env):

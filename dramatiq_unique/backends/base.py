@@ -841,7 +841,8 @@ class LockBackend(abc.ABC):
         (neither renewed, re-entered nor re-taken since it was read).
 
         Returns:
-          bool: Whether the place was given up.
+          bool: Whether the place was given up; a place that lapsed as it was read counts
+          (this step drops it, and hands it to the line).
 
         Raises:
           LineNeedsBroker: If messages wait in the lock's line and :attr:`handoffs` is not set:

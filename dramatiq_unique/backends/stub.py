@@ -470,12 +470,16 @@ class StubBackend(LockBackend):
             waiting = len(self._lines.get(line_key(key), []))
             if waiting and self.handoffs is None:
                 raise LineNeedsBroker(key, waiting)
+            read = dict(self._locks[key].places) if key in self._locks else {}
             places = self._live(key, _now()).places
             freed = [
-                owner for owner, record in records.items() if owner in places and places[owner].record(owner) == record
+                owner for owner, record in records.items() if owner in read and read[owner].record(owner) == record
             ]
             for owner in freed:
-                self._release(key, owner, handed, unlocked=True)
+                if owner in places:
+                    self._release(key, owner, handed, unlocked=True)
+                else:  # it lapsed as read: the read dropped it, and its message leaves the waiters
+                    self._waiters.get(waiters_key(key), {}).pop(read[owner].holder.message_id, None)
             handed += self._hand_over(key)
         self.hand_over(handed)
         return freed

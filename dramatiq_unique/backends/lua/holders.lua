@@ -226,7 +226,8 @@ local function mark_unreadable(key, owner, value)
 end
 
 -- Reads the lock at `key` (its value `value`, if the caller read it already; false: absent).
--- Drops the holders whose place lapsed; returns the others (owner -> record) and their count.
+-- Drops the holders whose place lapsed (kept in `locks[key].lapsed`, owner -> record, for a
+-- caller that frees a place as it was read); returns the others (owner -> record) and their count.
 -- Lapse is judged by the server clock now (read only if a
 -- place may lapse): after that clock stepped back, a lapsed place that no script dropped yet
 -- counts again until the clock passes its expiry once more, as Redis' own key expiry does with
@@ -242,6 +243,7 @@ local function live_holders(key, keep_lapsed, value)
   if value == nil then value = redis.call("GET", key) end
   local lock = {
     owners = {}, records = {}, kept = {}, kept_until = 0, waits = false, existed = value ~= false, changed = false,
+    lapsed = {},
   }
   locks[key] = lock
   local holders, count = {}, 0
@@ -263,6 +265,7 @@ local function live_holders(key, keep_lapsed, value)
           if expires_at > lock.kept_until then lock.kept_until = expires_at end
         else
           lock.changed = true
+          lock.lapsed[owner] = record
         end
       else
         table.insert(lock.owners, owner)

@@ -14,11 +14,16 @@ open_slot(KEYS[5])
 local holders, count = live_holders(key)
 local removed = 0
 local record = holders[ARGV[1]]
-if record == ARGV[2] then
-  write_holder(key, ARGV[1], false)
-  holders[ARGV[1]] = nil
-  count, removed = count - 1, 1
-  local _, _, _, held = parse(record)
+-- A place that lapsed as read is freed too: the read above dropped it.
+local lapsed = locks[key].lapsed[ARGV[1]] == ARGV[2]
+if record == ARGV[2] or lapsed then
+  if not lapsed then
+    write_holder(key, ARGV[1], false)
+    holders[ARGV[1]] = nil
+    count = count - 1
+  end
+  removed = 1
+  local _, _, _, held = parse(ARGV[2])
   redis.call("HDEL", line.waiters, message_id(ARGV[1], held))
 end
 local handed

@@ -18,12 +18,16 @@ local holders, count = live_holders(key)
 local removed = {}
 for i = 2, #ARGV, 2 do
   local owner, record = ARGV[i], holders[ARGV[i]]
-  if record == ARGV[i + 1] then
-    write_holder(key, owner, false)
-    holders[owner] = nil
-    count = count - 1
+  -- A place that lapsed as read is freed too: the read above dropped it.
+  local lapsed = locks[key].lapsed[owner] == ARGV[i + 1]
+  if record == ARGV[i + 1] or lapsed then
+    if not lapsed then
+      write_holder(key, owner, false)
+      holders[owner] = nil
+      count = count - 1
+    end
     table.insert(removed, owner)
-    local _, _, _, held = parse(record)
+    local _, _, _, held = parse(ARGV[i + 1])
     redis.call("HDEL", line.waiters, message_id(owner, held))
   end
 end
