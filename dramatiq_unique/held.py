@@ -258,7 +258,7 @@ class ConflictInfo:
       reason(str): What failed, or why, where it tells more than the outcome.
       delay(int): Milliseconds after which a rescheduled message tries again.
       cancelled_by(str): Who asked a cancelled message to stop: ``message <message_id>`` or
-        ``operator <who>`` (:attr:`HolderInfo.stop_requested_by`).
+        ``operator <who>`` (as a holder's ``stop_requested_by``).
     """
 
     at: int
