@@ -62,8 +62,8 @@ from .options import (
 from .outage import Outage
 from .persistence import warn_if_lines_unpersisted
 from .reaper import Reaper, ReaperTrigger, declare_reaper_actor, needs_messages_in_hand
+from .retold import install as leave_out_retold_lines
 from .runtime import Runtime
-from .skip_log import install as leave_out_waiting_skips
 from .undeclared import give_up_places
 from .worker import WorkerSide
 
@@ -446,8 +446,8 @@ class UniqueJobs(Middleware):
         if self.reaper_enabled:
             self.declare_reaper(broker)
         self.healing.broker = broker
-        # A message that waits in line says so at INFO, without Dramatiq's "was skipped" WARNING.
-        leave_out_waiting_skips()
+        # A message that waits in line or was cancelled: the middleware tells it, not Dramatiq.
+        leave_out_retold_lines()
         # Before the consumers start: the worker is in the registry before it holds any run lock.
         self.runtime.worker_booted(worker, publish_in_hand=needs_messages_in_hand(broker))
 

@@ -16,7 +16,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import SkipMessage
 
 from .backends import Acquisition
-from .cancellation import Cancellations, ask_to_stop, tell_cancelled
+from .cancellation import Cancellations
 from .conflicts import TRY_AGAIN, conflict_of, strategy_for, waited_in_line
 from .current import _set_current_lock
 from .errors import LockBackendError, LockStoreHealing
@@ -26,7 +26,8 @@ from .lock import LockFactory, MessageLock
 from .options import ActorConfigs
 from .outage import Outage
 from .outcome import REJECTED, EnqueueOutcome, enqueue_outcome, plain_message
-from .skip_log import WAITING
+from .retold import RETOLD
+from .stop_requests import ask_to_stop, tell_cancelled
 from .strategies import SERVER
 
 
@@ -134,7 +135,7 @@ class WorkerSide:
         if acquisition is not None and acquisition.waiting:
             waited_in_line(lock, acquisition, SERVER)
             # Its INFO line says it waits: Dramatiq's "was skipped" WARNING is left out.
-            WAITING.mark(message.message_id)
+            RETOLD.waits(message.message_id)
             if lock.config.server_strategy.cancels_running_holders:
                 ask_to_stop(lock, acquisition.holders)
             raise SkipMessage("The message waits in the lock's line.")
@@ -161,7 +162,7 @@ class WorkerSide:
     def finish(self, message: MessageProxy) -> None:
         """The message leaves the worker: it ran, raised, or was skipped. Give up what it no longer holds."""
         _set_current_lock(None)
-        WAITING.clear()
+        RETOLD.clear()
         if self.cancellations is not None:
             self.cancellations.forget(message.message_id)
         thread = self._thread

@@ -193,6 +193,11 @@ def test_the_worker_log_the_event_and_the_trail_name_the_newer_message_that_canc
     (entry,) = trail(redis_client, "deploy")
     assert (entry.message_id, entry.cancelled_by) == (first.message_id, by)
     assert holder_phrase(entry, full=True) == f"asked to stop by {by}"
+    # The middleware's lines tell it: neither Dramatiq's ERROR with a traceback nor Retries' line
+    # of a retry that is dropped.
+    assert f"Message {first.message_id!r} of actor 'deploy' is not retried: it was cancelled." in log
+    assert "Failed to process message" not in log and "Traceback" not in log, log
+    assert f"Retrying message {first.message_id!r}" not in log, log
 
 
 @pytest.mark.slow
@@ -319,3 +324,4 @@ def test_under_gevent_a_newer_send_kills_the_holders_greenlet_and_runs_once_afte
     cli.log.seek(0)
     log = cli.log.read().decode()
     assert "it is interrupted with Cancelled" in log and "was cancelled while it ran" in log, log
+    assert "Failed to process message" not in log and "Retrying message" not in log, log

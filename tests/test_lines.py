@@ -504,7 +504,7 @@ def test_the_reaper_hands_a_lapsed_place_to_the_line_and_says_so(env, caplog):
     assert Locks(env.backend).get("cd" * 32)[0].holders[0].message_id == "B"
     # The run says what it freed: it released 0 before, with the lapsed place handed on unsaid.
     assert (report.released_lapsed, report.released) == (1, 1)
-    assert "released lock %r of message 'A'" % key in caplog.text and "its lease ran out" in caplog.text
+    assert f"released lock {key!r} of message 'A'" in caplog.text and "its lease ran out" in caplog.text
     assert "released 1: 0 of dead workers, 0 of messages that no longer exist, 1 that lapsed." in caplog.text
 
 
