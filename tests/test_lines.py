@@ -698,7 +698,9 @@ def test_a_send_of_another_strategy_leaves_a_lapsed_place_to_the_line_issue_31_g
     env.worker(threads=1)
     wait_for(lambda: len(runs.ends) == 2, timeout=30)
     env.join(post)
-    assert [payload for payload, _, _ in runs.of("all")] == [0, 1]
+    # 0, whose place lapsed, and 1 each run once, in either order (Dramatiq 2.0 runs the messages
+    # a worker prefetched in any order); 2 never does.
+    assert sorted(payload for payload, _, _ in runs.of("all")) == [0, 1]
 
 
 @pytest.mark.parametrize("step", ["acquire", "replace", "swap", "claim"])

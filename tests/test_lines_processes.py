@@ -235,7 +235,11 @@ def test_a_handed_message_runs_after_the_lock_store_restarted_empty_in_a_worker_
     sender.blocker.send()
     # The one thread runs post 0, which hands its place to post 1, enqueued behind the blocker;
     # the store restarts empty while post 1 waits in the queue.
-    cli = start(processes, tmp_path, redis_url, redis_client, store_url=f"redis://127.0.0.1:{store.port}/0", threads=1)
+    # It fetches one message at a time: Dramatiq 2.0 runs the messages it prefetched in any order.
+    cli = start(
+        processes, tmp_path, redis_url, redis_client,
+        store_url=f"redis://127.0.0.1:{store.port}/0", threads=1, dramatiq_queue_prefetch="1",
+    )  # fmt: skip
     wait_for(lambda: runs(redis_client) == ["post 0", "blocker"])
     wait_for(lambda: sender.places(digest) == [handed.message_id])
     time.sleep(0.3)  # the worker's heartbeats have read the store's mark
