@@ -104,8 +104,8 @@ class Cancellations:
         gevent. A message is interrupted once."""
         with self._mutex:
             self._asked_by.setdefault(subject.message_id, by)
-            if subject.message_id in self._interrupted:
-                return
+            if subject.message_id in self._interrupted or not running():
+                return  # interrupted already, or its actor returned: it ends by itself
             self._interrupted[subject.message_id] = subject.digest
         self.logger.warning(
             "Message %r of actor %r was asked to stop by %s while it ran (lock %r): it is interrupted with Cancelled.",

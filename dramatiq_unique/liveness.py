@@ -290,6 +290,18 @@ class Liveness:
             with self._mutex:
                 self._leases[(key, owner)] = lease
 
+    def settle(self, key: str, owner: str) -> None:
+        """The message of ``owner``'s lease at ``key`` returned from its actor: it is not
+        interrupted from now on. An interruption the heartbeat thread asked for before is
+        delivered while this waits for the mutex, in the thread that calls it."""
+        # Before the mutex, which may be gevent's: a greenlet that waits for it lets the hub run,
+        # and the hub must not interrupt a message that is giving its lease up.
+        held = self._leases.get((key, owner))
+        if held is not None:
+            held.dropped = True
+            with self._mutex:  # the heartbeat checks and interrupts under it
+                pass
+
     def drop(self, key: str, owner: str) -> int | None:
         """Stop renewing this run lock: its message finished. Tells of a lease that ran out
         meanwhile, unrenewed.
@@ -297,11 +309,7 @@ class Liveness:
         Returns:
           int: When its lease ends, in ms of the backend's clock; ``None`` for a place not renewed here.
         """
-        # Before the mutex, which may be gevent's: a greenlet that waits for it lets the hub run,
-        # and the hub must not interrupt a message that is giving its lease up.
-        held = self._leases.get((key, owner))
-        if held is not None:
-            held.dropped = True
+        self.settle(key, owner)
         with self._mutex:
             lease = self._leases.pop((key, owner), None)
         if lease is None:

@@ -488,6 +488,12 @@ class MessageLock:
             if self.liveness is not None:
                 self.liveness.retry_release(self.run_key, owner)
 
+    def actor_returned(self) -> None:
+        """The actor returned or raised: the message is not interrupted any more, even while
+        other middleware's hooks still run for it."""
+        if self.run_owner is not None and self.liveness is not None:
+            self.liveness.settle(self.run_key, self.run_owner)
+
     def release_run(self) -> None:
         """Give up this attempt's place in the run lock, if it has one."""
         if self.run_owner is not None:

@@ -413,6 +413,9 @@ class UniqueJobs(Middleware):
                 "need other lock options their own options in @dramatiq.actor(...)."
             )
         options = self.configs.declare(actor)
+        # A running holder may be asked to stop (cancel_in_progress, an operator's cancel):
+        # only while its actor runs, never in another middleware's hook after it.
+        self.worker_side.watch_return(actor)
         # Workers are known alive, and orphans reaped, under every lock prefix in use.
         self.liveness.add_prefix(options["lock_prefix"])
         self.reaper.add_prefix(options["lock_prefix"])
@@ -447,7 +450,7 @@ class UniqueJobs(Middleware):
             self.declare_reaper(broker)
         self.healing.broker = broker
         # A message that waits in line or was cancelled: the middleware tells it, not Dramatiq.
-        leave_out_retold_lines()
+        leave_out_retold_lines(self.runtime.cancellations)
         # Before the consumers start: the worker is in the registry before it holds any run lock.
         self.runtime.worker_booted(worker, publish_in_hand=needs_messages_in_hand(broker))
 

@@ -61,7 +61,7 @@ from .handoffs import handed_message
 from .held import QUEUED
 from .in_hand import held_by_live_workers
 from .keys import RUN, digest_of, reaper_cursor_key, reaper_leader_key, registry_key
-from .locks import LOCK_TYPES
+from .locks import outlives_message
 from .options import DEFAULT_HEARTBEAT_INTERVAL, DEFAULTS
 from .presentation import count
 
@@ -306,7 +306,11 @@ class Reaper:
                 # it died, or not registered yet) may still run: its lock is left to its lease.
                 if until is not None and until <= now:
                     self._release(record, report, f"its worker {worker!r} stopped sending heartbeats")
-            elif locator is not None and not _outlives_message(record) and record.acquired_at <= now - self.min_age:
+            elif (
+                locator is not None
+                and not outlives_message(record.holder.get("lock"))
+                and record.acquired_at <= now - self.min_age
+            ):
                 enqueue_locks.append(record)
         if enqueue_locks and locator is not None:
             suspects = [r for r, gone in zip(enqueue_locks, locator.missing(enqueue_locks), strict=True) if gone]
@@ -382,12 +386,6 @@ class Reaper:
             record.holder.get("lock"),
             reason,
         )
-
-
-def _outlives_message(record: LockRecord) -> bool:
-    """Whether the holder's lock type is meant to outlive its message (``until_expired``)."""
-    lock_type = LOCK_TYPES.get(str(record.holder.get("lock")))
-    return lock_type is not None and lock_type.outlives_message
 
 
 # The reaper actor, and the workers that send it -----------------------------------

@@ -10,8 +10,8 @@
   retry. The middleware says at WARNING that it was cancelled, by whom, and what became of it.
 
 The filter drops those records of the one message concerned, in the thread that processes it:
-a skip the thread marked as a wait right before it raised, and the failure whose exception is
-``Cancelled``, then that message's retry line. The marks are cleared when the message leaves
+a skip the thread marked as a wait right before it raised, and the failure with ``Cancelled`` of
+a message the middleware interrupted, then that message's retry line. The marks are cleared when the message leaves
 the worker. Every other skip, failure and retry is logged as Dramatiq logs it.
 """
 
@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 
+from .cancellation import Cancellations
 from .errors import Cancelled
 
 #: The logger of Dramatiq's worker threads (``dramatiq.worker.WorkerThread``).
@@ -46,6 +48,12 @@ class Retold(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self._marks = _Marks()
+        #: Where the messages interrupted in this process are known: one per middleware.
+        self._cancellations: weakref.WeakSet[Cancellations] = weakref.WeakSet()
+
+    def tell_of(self, cancellations: Cancellations) -> None:
+        """The messages that ``cancellations`` interrupts are told of by the middleware."""
+        self._cancellations.add(cancellations)
 
     def waits(self, message_id: str) -> None:
         """The message this thread processes waits in line: its skip is no news."""
@@ -64,8 +72,12 @@ class Retold(logging.Filter):
         if record.msg == SKIPPED:
             return marks.waiting is None or _message_id(record) != marks.waiting
         if record.msg == FAILED and record.exc_info and isinstance(record.exc_info[1], Cancelled):
+            # Only a message the middleware interrupted, not an actor's own raise of Cancelled.
             # Dramatiq logs the failure before any middleware's hook: its retry line follows.
-            marks.cancelled = _message_id(record)
+            message_id = _message_id(record)
+            if message_id is None or not any(c.interrupted(message_id) for c in self._cancellations):
+                return True
+            marks.cancelled = message_id
             return False
         if record.msg == RETRYING:
             return marks.cancelled is None or record.args[0] != marks.cancelled
@@ -81,7 +93,9 @@ def _message_id(record: logging.LogRecord) -> str | None:
 RETOLD = Retold()
 
 
-def install() -> None:
-    """Put the filter on Dramatiq's loggers (once: adding it again does nothing)."""
+def install(cancellations: Cancellations) -> None:
+    """Put the filter on Dramatiq's loggers (once: adding it again does nothing), for the
+    messages ``cancellations`` interrupts too."""
+    RETOLD.tell_of(cancellations)
     logging.getLogger(WORKER_THREAD_LOGGER).addFilter(RETOLD)
     logging.getLogger(RETRIES_LOGGER).addFilter(RETOLD)

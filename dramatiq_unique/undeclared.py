@@ -17,6 +17,7 @@ from .backends import LockBackend
 from .errors import LockBackendError
 from .held import QUEUED
 from .keys import RUN, enqueue_key, run_key
+from .locks import outlives_message
 from .outcome import ENQUEUED, enqueue_outcome, plain_message
 
 
@@ -57,6 +58,7 @@ def give_up_places(
             if place.owner == sent.message_id
             and place.token == token
             and place.holder.get("state") == QUEUED
+            and not outlives_message(place.holder.get("lock"))
             and backend.release_record(place.key, place.owner, place.record)
         ]
     except LockBackendError as e:

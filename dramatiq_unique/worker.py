@@ -6,12 +6,14 @@ type's facts (see :class:`~dramatiq_unique.locks.LockType`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
+from functools import partial
 from typing import Any, NoReturn
 
-from dramatiq import Broker, Message
+from dramatiq import Actor, Broker, Message
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import SkipMessage
 
@@ -149,6 +151,13 @@ class WorkerSide:
         if processing is not None and processing.message_id == message.message_id:
             processing.requeued = True
 
+    def actor_returned(self, actor_name: str) -> None:
+        """The actor of the message this thread runs returned or raised: from now on the message
+        is not interrupted, while the hooks of other middleware still run for it."""
+        lock = self._thread.processing
+        if lock is not None and lock.message.actor_name == actor_name:
+            lock.actor_returned()
+
     def stopped(self, broker: Broker, message: MessageProxy, exception: BaseException) -> None:
         """The message was interrupted with ``Cancelled``: tell what became of it, before
         :meth:`finish` gives its locks up."""
@@ -156,15 +165,20 @@ class WorkerSide:
         if lock is not None and lock.message_id == message.message_id:
             by = None if self.cancellations is None else self.cancellations.asked_by(message.message_id)
             tell_cancelled(broker, message, lock, exception, by)
-        if self.cancellations is not None:
-            self.cancellations.forget(message.message_id)
 
     def finish(self, message: MessageProxy) -> None:
         """The message leaves the worker: it ran, raised, or was skipped. Give up what it no longer holds."""
         _set_current_lock(None)
         RETOLD.clear()
-        if self.cancellations is not None:
-            self.cancellations.forget(message.message_id)
+        try:
+            self._leave(message)
+        finally:
+            # Only once its lease is dropped: until then a renewal may still answer that its
+            # holder was asked to stop, and the message must still count as interrupted once.
+            if self.cancellations is not None:
+                self.cancellations.forget(message.message_id)
+
+    def _leave(self, message: MessageProxy) -> None:
         thread = self._thread
         thread.message = None
         lock, thread.processing = thread.processing, None
@@ -181,6 +195,24 @@ class WorkerSide:
                 # started: the line goes on without it.
                 self.outage.release(MessageLock.give_up_handed_run_place, lock, "after it was skipped")
         self.outage.release(self._give_up, lock, "after it was processed")
+
+    def watch_return(self, actor: Actor[Any, Any]) -> None:
+        """Have ``actor``'s function tell :meth:`actor_returned` as it returns or raises: a
+        message asked to stop is interrupted only while its actor runs (once only per actor)."""
+        fn = actor.fn
+        if getattr(fn, "__watched_by_unique_jobs__", False):
+            return
+        returned = partial(self.actor_returned, actor.actor_name)
+
+        @functools.wraps(fn)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                returned()
+
+        watched.__watched_by_unique_jobs__ = True  # type: ignore[attr-defined]
+        actor.fn = watched
 
     @staticmethod
     def _take(lock: MessageLock) -> Acquisition | None:

@@ -181,3 +181,75 @@ def test_a_backend_that_cannot_ask_a_holder_to_stop_lets_it_end_and_the_newer_ru
         env.join(sync)
     assert runs.entries == ["start 0", "done 0", "end 0", "start 1", "done 1", "end 1"]
     assert any("cannot ask a running holder to stop" in r.getMessage() for r in caplog.records)
+
+
+class SlowResults(StubResults):
+    """A Results store that takes its time: the hook that stores a result runs after the actor."""
+
+    def _store(self, message_key: str, result: Any, ttl: int) -> None:
+        time.sleep(0.5)
+        super()._store(message_key, result, ttl)
+
+
+def test_a_request_to_stop_after_the_actor_returned_leaves_the_other_hooks_alone(make_env):
+    """Review of issue 35: a newer message that asks while the holder's actor has returned, and a
+    slower middleware's hook still runs for it (a Results store), interrupted that hook: the
+    stored result became Cancelled, the message was dead-lettered, and with an actor that raised,
+    the Cancelled escaped Dramatiq's handler and killed the worker thread, its lease renewed for
+    ever. The holder is interrupted only while its actor runs."""
+    env = make_env(**FAST)
+    results = SlowResults()
+    env.broker.add_middleware(Results(backend=results))
+    cancelled: list[LockEvent] = []
+    env.middleware.subscribe(CANCELLED, cancelled.append)
+    runs = Runs()
+
+    def sync(account: str, seq: int) -> int:
+        runs.add(f"ran {seq}")
+        if seq == 1:
+            raise ValueError("a failure of its own")
+        return seq
+
+    actor = env.actor(
+        sync,
+        actor_name="sync",
+        lock="while_executing",
+        on_conflict="cancel_in_progress",
+        lock_args_method=lambda account, seq: [account],
+        store_results=True,
+        max_retries=0,
+    )
+    worker = env.worker(threads=2)
+    for seq in (0, 1):  # one that returns, one that raises: each is stored slowly
+        first = actor.send("acme", seq)
+        wait_for(lambda seq=seq: f"ran {seq}" in runs)
+        time.sleep(0.1)  # its actor returned; the Results hook stores for half a second
+        actor.send("acme", seq + 10)
+        wait_for(lambda seq=seq: f"ran {seq + 10}" in runs, timeout=5)
+        if seq == 0:
+            assert results.get_result(first, block=True, timeout=2000) == 0
+    env.join(actor)
+    assert cancelled == []
+    # Both worker threads are alive, and the lock is free: a later message runs.
+    assert all(thread.is_alive() for thread in worker.workers)
+    actor.send("acme", 20)
+    wait_for(lambda: "ran 20" in runs, timeout=5)
+
+
+def test_an_actors_own_cancelled_is_logged_as_dramatiq_logs_it(stub_env, caplog):
+    """Review of issue 35: the filter that leaves out Dramatiq's lines of a message the middleware
+    interrupted left out those of any message that raised Cancelled, of an actor without a lock
+    too, where the middleware tells nothing."""
+    from dramatiq_unique import Cancelled
+
+    def own(seq: int) -> None:
+        raise Cancelled("the actor's own")
+
+    caplog.set_level("INFO")
+    actor = stub_env.actor(own, actor_name="own", max_retries=1, min_backoff=10, max_backoff=10)
+    stub_env.worker()
+    message = actor.send(1)
+    stub_env.join(actor)
+    failed = [r for r in caplog.records if r.getMessage().startswith("Failed to process message own(1)")]
+    assert len(failed) == 2 and failed[0].exc_info is not None
+    assert f"Retrying message {message.message_id!r}" in caplog.text

@@ -807,3 +807,41 @@ def test_a_handed_message_whose_actor_the_worker_does_not_declare_hands_its_plac
         warnings = unique_warnings(caplog)
         for message in sent[1:]:
             assert any(message.message_id in w and "'export'" in w and digest in w for w in warnings), warnings
+
+
+def test_a_message_whose_actor_the_worker_does_not_declare_keeps_an_until_expired_place(redis_client):
+    # Review of issue 31's gap B: the step that gives up the place of a message dead-lettered for
+    # want of its actor gave up an until_expired place too, which a dead-lettered message of a
+    # declared actor keeps until its lock_ttl: a duplicate could be sent at once.
+    def deploy() -> Env:
+        backend = RedisBackend(client=redis_client)
+        return Env("redis", RedisBroker(client=redis_client), backend, UniqueJobs(backend=backend))
+
+    old, new = deploy(), deploy()
+    with new.running(), old.running():
+
+        @old.actor(lock="until_expired", lock_ttl=60_000, lock_args_method=lambda seq: [])
+        def stamp(seq):
+            pass
+
+        @new.actor
+        def ping():
+            pass
+
+        first = stamp.send(0)
+        new.worker(threads=1)
+        wait_for(lambda: len(new.dead_letters(stamp)) == 1, timeout=10)
+        time.sleep(0.2)  # after_nack has run
+        assert not new.is_free(enqueue_outcome(first).digest)
+        assert enqueue_outcome(stamp.send(1)).status != "enqueued"
+
+
+def test_a_lone_place_that_lapsed_is_not_freed_again_by_the_reaper(env):
+    # Review: StubBackend answered that release_record freed a lock's only place after it lapsed,
+    # where Redis has expired the key with it, and answers that it freed nothing.
+    key = "dramatiq-unique:{" + "ee" * 32 + "}:run"
+    owner, a = place(env, key, "A", ttl=50)
+    assert a.acquired
+    (record,) = env.backend.read([key])[1]
+    time.sleep(0.1)
+    assert env.backend.release_record(key, owner, record.record) is False

@@ -13,6 +13,14 @@ LOCK_TYPES: dict[str, LockType] = {
     for lock_type in (UntilExecuting(), UntilExecuted(), UntilExpired(), WhileExecuting(), UntilAndWhileExecuting())
 }
 
+
+def outlives_message(lock: object) -> bool:
+    """Whether the lock type named ``lock`` (a holder's recorded ``lock``) is meant to outlive
+    its message (``until_expired``): no step frees it when its message is gone."""
+    lock_type = LOCK_TYPES.get(str(lock))
+    return lock_type is not None and lock_type.outlives_message
+
+
 __all__ = [
     "LOCK_TYPES",
     "LockType",
