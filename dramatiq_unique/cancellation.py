@@ -66,13 +66,15 @@ def asked_by_message(message_id: str) -> str:
 
 
 def asked_by_operator(who: str | None = None) -> str:
-    """Who asks, for an operator: ``who``, or else the user and host of this process."""
+    """Who asks, for an operator: ``who``, or else the user and host of this process. A
+    character that is not printable shows as U+FFFD: the worker's log lines name who asked,
+    and a line break in a name (a web server's ``REMOTE_USER``) must not make a line of its own."""
     if who is None:
         try:
             who = f"{getpass.getuser()}@{socket.gethostname()}"
         except Exception:  # no user name in this process's environment nor in its passwd
             who = socket.gethostname()
-    return f"operator {who}"
+    return "operator " + "".join(c if c.isprintable() else "\ufffd" for c in who)
 
 
 class Cancellations:

@@ -573,7 +573,8 @@ class Locks:
         Parameters:
           by(str): Who asks, which the holder's worker logs and its ``cancelled`` event and
             the conflict trail tell as ``operator <by>``; ``None``, the default, for the user
-            and host of this process, e.g. ``alice@ops-1``.
+            and host of this process, e.g. ``alice@ops-1``. A character that is not printable
+            (a line break) is kept as U+FFFD, so that it cannot start a log line of its own.
 
         Returns:
           tuple[LockInfo]: The run locks with the holders asked to stop; empty when no running

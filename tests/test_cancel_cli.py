@@ -92,3 +92,16 @@ def test_show_and_list_say_a_holder_was_asked_to_stop_and_by_whom(redis_client, 
     Locks(backend).cancel(digest, by="bob")
     (held,) = backend.read([run_key("dramatiq-unique", digest)])[1]
     assert held.holder["stop_requested_by"] == "operator alice|ops%1" and held.holder["call"] == "reindex(1)"
+
+
+def test_a_name_with_a_line_break_asks_on_one_line(redis_client, redis_url):
+    """Review of issue 35: who asked is written into the worker's log lines; a line break in an
+    operator's name (a web server's REMOTE_USER) made a log line of its own."""
+    backend = RedisBackend(client=redis_client)
+    digest = "d" * 64
+    holder = Holder("m-1", "reindex", "default", "while_executing", "running", worker_id="vm:1:ab")
+    assert backend.acquire(run_key("dramatiq-unique", digest), "owner-1", limit=1, ttl=60_000, holder=holder).acquired
+    (asked,) = Locks(backend).cancel(digest, by="mallory\nWARNING all locks freed")
+    assert asked.holders[0].stop_requested_by == "operator mallory\ufffdWARNING all locks freed"
+    shown = ok(cli("--url", redis_url, "show", digest))
+    assert "asked to stop by operator mallory\ufffdWARNING all locks freed;" in shown
