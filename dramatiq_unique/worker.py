@@ -10,7 +10,6 @@ import functools
 import logging
 import threading
 import time
-from functools import partial
 from typing import Any, NoReturn
 
 from dramatiq import Actor, Broker, Message
@@ -151,13 +150,6 @@ class WorkerSide:
         if processing is not None and processing.message_id == message.message_id:
             processing.requeued = True
 
-    def actor_returned(self, actor_name: str) -> None:
-        """The actor of the message this thread runs returned or raised: from now on the message
-        is not interrupted, while the hooks of other middleware still run for it."""
-        lock = self._thread.processing
-        if lock is not None and lock.message.actor_name == actor_name:
-            lock.actor_returned()
-
     def stopped(self, broker: Broker, message: MessageProxy, exception: BaseException) -> None:
         """The message was interrupted with ``Cancelled``: tell what became of it, before
         :meth:`finish` gives its locks up."""
@@ -197,19 +189,25 @@ class WorkerSide:
         self.outage.release(self._give_up, lock, "after it was processed")
 
     def watch_return(self, actor: Actor[Any, Any]) -> None:
-        """Have ``actor``'s function tell :meth:`actor_returned` as it returns or raises: a
-        message asked to stop is interrupted only while its actor runs (once only per actor)."""
+        """Have ``actor``'s function tell the message's lock as it returns or raises
+        (:meth:`~dramatiq_unique.lock.MessageLock.actor_returned`): a message asked to stop is
+        interrupted only while its actor runs, never in the hooks of other middleware after it.
+        Once only per actor."""
         fn = actor.fn
         if getattr(fn, "__watched_by_unique_jobs__", False):
             return
-        returned = partial(self.actor_returned, actor.actor_name)
+        thread, actor_name = self._thread, actor.actor_name
 
         @functools.wraps(fn)
         def watched(*args: Any, **kwargs: Any) -> Any:
             try:
                 return fn(*args, **kwargs)
             finally:
-                returned()
+                # Inline, as it runs for every message: only a message that holds a lease (its
+                # run lock's) is ever interrupted, and only by its own actor's return.
+                lock = thread.processing
+                if lock is not None and lock.run_owner is not None and lock.message.actor_name == actor_name:
+                    lock.actor_returned()
 
         watched.__watched_by_unique_jobs__ = True  # type: ignore[attr-defined]
         actor.fn = watched
