@@ -62,8 +62,9 @@ class _Lease:
     expires_at: int
     deadline: int | None
     subject: EventSubject
-    #: How to interrupt the message when its holder is asked to stop; made by the thread that runs it.
-    interrupt: Interrupter
+    #: How to interrupt the message when its holder is asked to stop; made by the thread that runs
+    #: it. ``None`` for a message that is not interrupted: it runs to its end.
+    interrupt: Interrupter | None
     #: How to take the place again after the store lost its data: its lock's limit and its holder.
     limit: int = 1
     holder: Holder | None = None
@@ -265,6 +266,7 @@ class Liveness:
         limit: int = 1,
         holder: Holder | None = None,
         eager: bool = False,
+        interruptible: bool = True,
     ) -> None:
         """Renew this run lock until :meth:`drop`; a place that never lapses needs nothing.
         Called by the thread that runs the message.
@@ -276,13 +278,15 @@ class Liveness:
             lost its data while the message runs; ``None`` never does.
           eager(bool): Renew it at every heartbeat, not only when it is due, so that a request
             to stop reaches it within one heartbeat interval (``cancel_in_progress``).
+          interruptible(bool): Whether a request to stop interrupts the message: only where
+            :meth:`settle` is told when its actor returns.
         """
         if expires_at and (deadline is None or expires_at < deadline):
             lease = _Lease(
                 expires_at=expires_at,
                 deadline=deadline,
                 subject=subject,
-                interrupt=interrupter(),
+                interrupt=interrupter() if interruptible else None,
                 limit=limit,
                 holder=holder,
                 eager=eager,
@@ -527,7 +531,11 @@ class Liveness:
                     del self._leases[(key, owner)]  # lock_ttl ends it; nothing more to renew
                 else:
                     lease.expires_at = expires_at
-                if isinstance(expires_at, StopRequested) and self._on_stop_requested is not None:
+                if (
+                    isinstance(expires_at, StopRequested)
+                    and self._on_stop_requested is not None
+                    and lease.interrupt is not None
+                ):
                     # Under the mutex: the message still holds its lease, so it still runs.
                     self._on_stop_requested(lease.interrupt, lease.subject, lease.held, expires_at.by)
             if expires_at is None:

@@ -86,6 +86,9 @@ class MessageLock:
     #: The lock whose release failed last, RUN or ENQUEUE (a running worker tries both again),
     #: or ``None``: what frees it depends on it.
     failed_release: str | None = None
+    #: Whether a request to stop interrupts the message while it holds the run lock: only where
+    #: its actor's function tells when it returns (see ``WorkerSide.watch_return``).
+    interruptible = False
 
     def __init__(
         self,
@@ -571,6 +574,7 @@ class MessageLock:
                     limit=self.config.lock_limit,
                     holder=self._running_holder(),
                     eager=self.config.server_strategy.cancels_running_holders,
+                    interruptible=self.interruptible,
                 )
 
     def ask_holders_to_stop(self, holders: tuple[str, ...]) -> list[str]:

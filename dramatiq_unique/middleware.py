@@ -414,8 +414,11 @@ class UniqueJobs(Middleware):
             )
         options = self.configs.declare(actor)
         # A running holder may be asked to stop (cancel_in_progress, an operator's cancel):
-        # only while its actor runs, never in another middleware's hook after it.
-        self.worker_side.watch_return(actor)
+        # only while its actor runs, never in another middleware's hook after it. Only actors
+        # whose lock takes the run lock pay for being told.
+        config = self.configs.for_actor(actor.actor_name)
+        if config is not None and config.lock.takes_run_lock:
+            self.worker_side.watch_return(actor)
         # Workers are known alive, and orphans reaped, under every lock prefix in use.
         self.liveness.add_prefix(options["lock_prefix"])
         self.reaper.add_prefix(options["lock_prefix"])

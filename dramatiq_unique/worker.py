@@ -72,6 +72,8 @@ class WorkerSide:
         self.outage = outage
         self.logger = logger
         self._thread = _Thread()
+        #: The actors whose function tells when it returns (:meth:`watch_return`).
+        self._watched: set[str] = set()
         #: When a message last waited for the healing of the store with a WARNING (monotonic, s).
         self._warned_of_healing = -HEALING_WARNING_EVERY
 
@@ -101,6 +103,7 @@ class WorkerSide:
         if outcome.status == REJECTED:
             self._dead_letter(message, outcome)
         lock = self.lock_for(message, config, outcome)
+        lock.interruptible = lock.actor_name in self._watched
         thread.processing = lock
         if lock.cut_off and not self.outage.allows:
             self._enqueue_again(broker, lock, logging.INFO, "this worker cannot reach the lock store")
@@ -195,7 +198,7 @@ class WorkerSide:
         Once only per actor."""
         fn = actor.fn
         if getattr(fn, "__watched_by_unique_jobs__", False):
-            return
+            return  # another middleware's: its messages are not interrupted here
         thread, actor_name = self._thread, actor.actor_name
 
         @functools.wraps(fn)
@@ -206,11 +209,12 @@ class WorkerSide:
                 # Inline, as it runs for every message: only a message that holds a lease (its
                 # run lock's) is ever interrupted, and only by its own actor's return.
                 lock = thread.processing
-                if lock is not None and lock.run_owner is not None and lock.message.actor_name == actor_name:
+                if lock is not None and lock.run_owner is not None and lock.actor_name == actor_name:
                     lock.actor_returned()
 
         watched.__watched_by_unique_jobs__ = True  # type: ignore[attr-defined]
         actor.fn = watched
+        self._watched.add(actor_name)
 
     @staticmethod
     def _take(lock: MessageLock) -> Acquisition | None:
