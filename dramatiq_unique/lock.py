@@ -86,8 +86,8 @@ class MessageLock:
     #: The lock whose release failed last, RUN or ENQUEUE (a running worker tries both again),
     #: or ``None``: what frees it depends on it.
     failed_release: str | None = None
-    #: Whether a request to stop interrupts the message while it holds the run lock: only where
-    #: its actor's function tells when it returns (see ``WorkerSide.watch_return``).
+    #: Whether a request to stop interrupts the message while it holds the run lock, which only
+    #: an actor whose function tells when it returns allows (see ``WorkerSide.watch_return``).
     interruptible = False
 
     def __init__(
