@@ -741,6 +741,14 @@ def test_a_loss_of_the_stores_data_counts_the_messages_the_worker_parked_in_a_li
     assert "actors 'export'" in counted and all(repr(message_id) in counted for message_id in parked)
     assert re.search(r"waiting at this worker's last heartbeat, \d+ ms before", counted)
     assert "cannot be recovered from the lock store" in counted
+    page = (Path(__file__).parents[1] / "docs" / "deploying-the-lock-store.md").read_text()
+    shown = " ".join(page.split("The lock store's loss", 1)[1].split("```", 1)[0].split())
+
+    def general(text: str) -> str:
+        text = re.sub(r"worker '[^']+'", "worker W", text)
+        return re.sub(r"\d+ ms before", "N ms before", re.sub(r"message ids [^)]+\)", "message ids I)", text))
+
+    assert general("The lock store's loss " + shown) == general(counted)
     assert [event.waiting_lost for event in told] == [3]
     assert lost_waiting(env) == 3
     assert runs == [0]  # what the count says: none of them ran
