@@ -107,6 +107,8 @@ class LockEvent:
       cancelled_by(str): Who asked the running message to stop (cancelled), as a person reads
         it: ``message <message_id>`` for a newer message of a ``cancel_in_progress`` actor,
         ``operator <who>`` for :meth:`~dramatiq_unique.Locks.cancel`.
+      waiting_lost(int): How many messages this process had parked in the lines of run locks,
+        still waiting at its last heartbeat, went with the store's data (data_lost).
     """
 
     kind: str
@@ -127,6 +129,7 @@ class LockEvent:
     call: str | None = None
     lock_prefix: str | None = None
     cancelled_by: str | None = None
+    waiting_lost: int | None = None
 
 
 #: The kinds of event that tell why a message did not run as sent, or not yet: their events

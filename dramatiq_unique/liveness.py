@@ -15,7 +15,9 @@ does all three once per heartbeat interval (:meth:`Liveness.tick`):
   lease period, and a dead process's run locks lapse within one
   lease period; the leases due are renewed together, in one round trip
   (one per master of a Redis Cluster: :meth:`~dramatiq_unique.LockBackend.renew_many`);
-* it gives up the locks whose release failed while the backend was down.
+* it gives up the locks whose release failed while the backend was down;
+* it asks which of the messages this process parked in a run lock's line still wait there, so
+  that a loss of the store's data can say how many it took (:meth:`Liveness.park`).
 
 What it looks after is plain data: keys, owners, expiry times, the
 subject of the events it tells, and how to interrupt each message.
@@ -40,6 +42,11 @@ from .events import BACKEND_ERROR, DATA_LOST, LEASE_LOST, Events, EventSubject, 
 from .keys import RUN, registry_key
 
 _worker_id: tuple[int, str] | None = None
+
+#: The most messages parked in a line that one process remembers; past that, a loss is told as "at least".
+PARKED_LIMIT = 10_000
+#: The most message ids a loss of waiting messages names.
+PARKED_SHOWN = 5
 
 
 def worker_id() -> str:
@@ -157,6 +164,12 @@ class Liveness:
         #: runtime hands them to the thread of the Worker (a gevent hub), where the subscribers'
         #: own connections work.
         self.tell: Callable[[Callable[[], None]], None] = _call
+        #: The messages this process parked in a run lock's line and last saw waiting there:
+        #: message_id -> (lock key, actor name); whether more were parked than it keeps since the
+        #: last loss; and when they were last all seen waiting (our monotonic clock, s).
+        self._parked: dict[str, tuple[str, str]] = {}
+        self._parked_overflow = False
+        self._parked_seen_at = 0.0
         #: When the last round of the periodic thread started, and when it last went through
         #: the leases due (our monotonic clock, s).
         self._last_round: float | None = None
@@ -251,6 +264,7 @@ class Liveness:
         self._renewed_at = None
         self._epochs, self._epochs_read = {}, None
         self._refused_at_boot = False
+        self._parked, self._parked_overflow = {}, False
         self.tell = _call
 
     # What the periodic thread looks after -----------------------------------------
@@ -343,6 +357,23 @@ class Liveness:
             with self._mutex:
                 self._pending[(key, owner)] = until
 
+    def park(self, key: str, message_id: str, actor_name: str) -> None:
+        """Remember that ``message_id`` of ``actor_name`` waits in the line of the run lock at
+        ``key``, parked there by this process: it lives only in the lock store from now on."""
+        with self._mutex:
+            if not self._parked:
+                self._parked_seen_at = time.monotonic()
+            if message_id in self._parked or len(self._parked) < PARKED_LIMIT:
+                self._parked[message_id] = (key, actor_name)
+            else:
+                self._parked_overflow = True
+
+    def unpark(self, message_id: str) -> None:
+        """``message_id`` starts in this process: it no longer waits."""
+        if self._parked:  # a process that parked nothing looks at nothing
+            with self._mutex:
+                self._parked.pop(message_id, None)
+
     def tick(self) -> int | None:
         """Heartbeat, renewals, failed releases: the liveness part of one round of
         the periodic thread.
@@ -358,6 +389,8 @@ class Liveness:
             return None
         self.found_data_loss = self._data_lost() or self._refused_at_boot
         self._refused_at_boot = False
+        if not self.found_data_loss:
+            self._look_at_parked()
         self._renew_due(stalled, data_lost=self.found_data_loss)
         self._retry_releases()
         return now
@@ -468,16 +501,64 @@ class Liveness:
             self.worker_id,
             int((read_at - previous_read) * 1000),
         )
+        waiting_lost = self._report_parked_lost()
         reason = ", ".join(changed)
         self.tell(
             partial(
                 self.events.notify,
                 DATA_LOST,
                 "",
-                partial(LockEvent, kind=DATA_LOST, actor_name="", queue_name="", reason=reason),
+                partial(
+                    LockEvent, kind=DATA_LOST, actor_name="", queue_name="", reason=reason, waiting_lost=waiting_lost
+                ),
             )
         )
         return True
+
+    def _look_at_parked(self) -> None:
+        """Forget the parked messages that no longer wait in their line: handed a place, let go,
+        or displaced. One round trip, only while this process has parked messages."""
+        with self._mutex:
+            parked = list(self._parked.items())
+        if not parked:
+            return
+        asked_at = time.monotonic()
+        try:
+            waits = self.backend.still_waiting([(key, message_id) for message_id, (key, _) in parked])
+        except LockBackendError as e:
+            self._backend_failed("line check", e)
+            return
+        with self._mutex:
+            for (message_id, place), still in zip(parked, waits, strict=True):
+                # Unless it was parked again meanwhile (a retry that met the lock again).
+                if not still and self._parked.get(message_id) is place:
+                    del self._parked[message_id]
+            self._parked_seen_at = asked_at
+
+    def _report_parked_lost(self) -> int:
+        """The store lost its data: the parked messages last seen waiting went with it. Say how
+        many, and forget them; returns how many (those this process kept)."""
+        with self._mutex:
+            parked, self._parked = self._parked, {}
+            overflow, self._parked_overflow = self._parked_overflow, False
+            seen_at = self._parked_seen_at
+        if not parked and not overflow:
+            return 0
+        actors = sorted({actor for _, actor in parked.values()})
+        shown = list(parked)[:PARKED_SHOWN]
+        self.logger.error(
+            "The lock store's loss of its data took %s%d message(s) that worker %r had parked in the lines of run "
+            "locks (actors %s; message ids %s%s): they were waiting at this worker's last heartbeat, %d ms before, "
+            "were acked by the broker, and cannot be recovered from the lock store. Send them again if they must run.",
+            "at least " if overflow else "",
+            len(parked),
+            self.worker_id,
+            ", ".join(map(repr, actors)) or "unknown",
+            ", ".join(map(repr, shown)) or "unknown",
+            f" and {len(parked) - len(shown)} more" if len(parked) > len(shown) else "",
+            int((time.monotonic() - seen_at) * 1000),
+        )
+        return len(parked)
 
     def _renew_due(self, stalled: int | None, *, data_lost: bool = False) -> None:
         now = self.backend_time()

@@ -75,6 +75,14 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
 }
 
+#: The counter of the messages waiting in lines that a loss of the store's data took (data_lost's
+#: ``waiting_lost``), by the name it is built under beside the counters of the event kinds.
+LOST_WAITING = "lost_waiting"
+LOST_WAITING_COUNTER = (
+    "dramatiq_unique_lost_waiting_messages",
+    "The number of messages this process parked in the lines of run locks that a loss of the lock store's data took.",
+)
+
 #: The counters built in each registry: a registry refuses a second counter of a name.
 _BUILT: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 _BUILT_MUTEX = threading.Lock()
@@ -127,6 +135,9 @@ class PrometheusMetrics:
                             )
                             for kind, (name, documentation, labels) in COUNTERS.items()
                         }
+                        counters[LOST_WAITING] = prometheus_client.Counter(
+                            *LOST_WAITING_COUNTER, ["queue_name", "actor_name"], registry=registry
+                        )
                 self._counters = counters
             return self._counters
 
@@ -139,6 +150,8 @@ class PrometheusMetrics:
             counter.labels(event.queue_name, event.actor_name, event.side or "").inc()
         else:
             counter.labels(event.queue_name, event.actor_name).inc()
+        if event.kind == DATA_LOST and event.waiting_lost:
+            counters[LOST_WAITING].labels(event.queue_name, event.actor_name).inc(event.waiting_lost)
 
 
 def warn_if_prometheus_follows(broker: Broker, unique: Middleware, logger: logging.Logger) -> None:

@@ -119,6 +119,9 @@ class WorkerSide:
             lock.emit(BACKEND_ERROR, reason="start", error=e)
             self.outage.failed(message, "run", e)  # raises, unless on_backend_error="allow"
             acquisition = None
+        if lock.handoff is not None and lock.liveness is not None:
+            # A message handed its place by a line: it no longer waits, if this process parked it.
+            lock.liveness.unpark(message.message_id)
         if lock.superseded:
             self.logger.info(
                 "Message %r of actor %r is skipped: a newer message took its place in lock %r (strategy 'replace').",
@@ -138,6 +141,9 @@ class WorkerSide:
             raise SkipMessage("A copy of this message started already.")
         if acquisition is not None and acquisition.waiting:
             waited_in_line(lock, acquisition, SERVER)
+            if lock.liveness is not None:
+                # Acked by the broker: from now on it lives only in the lock store.
+                lock.liveness.park(lock.run_key, message.message_id, message.actor_name)
             # Its INFO line says it waits: Dramatiq's "was skipped" WARNING is left out.
             RETOLD.waits(message.message_id)
             if lock.config.server_strategy.cancels_running_holders:

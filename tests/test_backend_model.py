@@ -513,6 +513,9 @@ class BackendModel(RuleBasedStateMachine):
         for message_id in EVERY_MESSAGE:
             waiting = {name: b.waiting_message(self.enqueue, message_id) for name, b in self.backends.items()}
             assert waiting["stub"] == waiting["redis"], message_id
+        places = [(key, message_id) for key in keys for message_id in EVERY_MESSAGE]
+        still = {name: backend.still_waiting(places) for name, backend in self.backends.items()}
+        assert still["stub"] == still["redis"]
         for name in NAMES:
             tokens: dict[str, dict[str, int]] = {}
             for lock in seen[name]:

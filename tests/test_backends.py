@@ -1328,3 +1328,22 @@ def test_the_fence_retention_of_0_1_is_refused_with_what_replaced_it(redis_clien
     # Issue 33: the option is gone; passed, it reached redis-py as a connection parameter.
     with pytest.raises(TypeError, match="takes no fence_retention any more"):
         RedisBackend(client=redis_client, fence_retention=60_000)
+
+
+def test_still_waiting_answers_for_the_messages_in_a_line_and_not_those_handed_a_place(backend):
+    """Issue 31 (defect 9): what a worker's heartbeat asks of the messages it parked in a line."""
+    handed: list[bytes] = []
+    backend.handoffs = handed.extend
+
+    def send(message_id: str):
+        waiter = Waiter(message=message_id.encode(), line_limit=10)
+        return backend.acquire(RUN_KEY, message_id, limit=1, ttl=None, holder=holder(message_id), waiter=waiter)
+
+    assert send("A").acquired and send("B").waiting == 1 and send("C").waiting == 2
+    places = [(RUN_KEY, "A"), (RUN_KEY, "B"), (RUN_KEY, "C"), (RUN_KEY, "D"), ("dramatiq-unique:{xyz}:run", "B")]
+    assert backend.still_waiting(places) == [False, True, True, False, False]
+    assert backend.still_waiting([]) == []
+    # B is handed A's place: in the broker, no longer in line, though it has not started yet.
+    backend.release(RUN_KEY, "A")
+    assert [m.partition(b"\n")[2] for m in handed] == [b"B"]
+    assert backend.still_waiting(places[:3]) == [False, False, True]

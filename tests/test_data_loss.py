@@ -12,6 +12,7 @@ import logging
 import re
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from dramatiq.brokers.redis import RedisBroker
 from prometheus_client import CollectorRegistry
 
 from dramatiq_unique import LockStoreHealing, RedisBackend, UniqueJobs, enqueue_outcome
+from dramatiq_unique import liveness as liveness_module
 from dramatiq_unique.backends import Holder
 
 from .support import Env, Gate, wait_for
@@ -680,3 +682,129 @@ def test_a_worker_that_stops_while_it_heals_hands_the_healing_over(store):
     assert 0 < client.pttl("dramatiq-unique:refusing") <= 3000
     assert other(False)  # takes over at once
     assert client.pttl("dramatiq-unique:refusing") > 3000
+
+
+def lost_waiting(env) -> float:
+    labels = {"queue_name": "", "actor_name": ""}
+    return env.metrics.get_sample_value("dramatiq_unique_lost_waiting_messages_total", labels) or 0
+
+
+def two_heartbeats(env) -> None:
+    """Wait until a whole round of the periodic thread ran since now."""
+    liveness = env.middleware.liveness
+    wait_for(lambda: liveness._epochs_read is not None)
+    for _ in range(2):
+        read = liveness._epochs_read
+        wait_for(partial(lambda read: liveness._epochs_read != read, read), timeout=5)
+
+
+def park_behind_a_holder(env, gate, runs, count, strategy="wait"):
+    """A while_executing actor whose messages wait in the worker: its first message holds the run
+    lock until the gate opens, and ``count`` more are parked in the lock's line. Their ids."""
+
+    @env.actor(lock="while_executing", on_conflict={"server": strategy}, lock_args_method=lambda key, seq: [key])
+    def export(key, seq):
+        runs.append(seq)
+        if seq == 0:
+            gate.enter("holder")
+
+    waits = []
+    env.middleware.subscribe("waiting", waits.append)
+    env.worker(threads=2)
+    export.send("k", 0)
+    wait_for(lambda: gate.count("holder") == 1)
+    parked = [export.send("k", seq).message_id for seq in range(1, count + 1)]
+    wait_for(lambda: len(waits) == count)
+    return export, parked
+
+
+def test_a_loss_of_the_stores_data_counts_the_messages_the_worker_parked_in_a_line(loss_env, store, caplog):
+    """Issue 31 (defect 9): messages a worker parked in a run lock's line, acked by the broker, go
+    with the store's data; the worker that parked them says how many, as an ERROR, in the
+    ``data_lost`` event and in a counter. They never run."""
+    env, gate, runs, told = loss_env, Gate(), [], []
+    env.middleware.subscribe("data_lost", told.append)
+    export, parked = park_behind_a_holder(env, gate, runs, 3)
+    two_heartbeats(env)
+    with caplog.at_level(logging.ERROR, logger="dramatiq_unique"):
+        store.kill()
+        store.start()
+        wait_for(lambda: told, timeout=5)
+        gate.open()
+        env.join(export)
+        time.sleep(3 * HEARTBEAT / 1000)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2, errors
+    assert errors[0].startswith("The lock store lost its data")
+    counted = errors[1]
+    assert counted.startswith("The lock store's loss of its data took 3 message(s) that worker ")
+    assert "actors 'export'" in counted and all(repr(message_id) in counted for message_id in parked)
+    assert re.search(r"waiting at this worker's last heartbeat, \d+ ms before", counted)
+    assert "cannot be recovered from the lock store" in counted
+    page = (Path(__file__).parents[1] / "docs" / "deploying-the-lock-store.md").read_text()
+    shown = " ".join(page.split("The lock store's loss", 1)[1].split("```", 1)[0].split())
+
+    def general(text: str) -> str:
+        text = re.sub(r"worker '[^']+'", "worker W", text)
+        return re.sub(r"\d+ ms before", "N ms before", re.sub(r"message ids [^)]+\)", "message ids I)", text))
+
+    assert general("The lock store's loss " + shown) == general(counted)
+    assert [event.waiting_lost for event in told] == [3]
+    assert lost_waiting(env) == 3
+    assert runs == [0]  # what the count says: none of them ran
+
+
+def test_a_loss_counts_none_of_the_messages_that_were_handed_a_place_and_ran(loss_env, store, caplog):
+    """Issue 31 (defect 9): messages that waited in line and ran before the loss are not counted."""
+    env, gate, runs, told = loss_env, Gate(), [], []
+    env.middleware.subscribe("data_lost", told.append)
+    export, _ = park_behind_a_holder(env, gate, runs, 3)
+    two_heartbeats(env)
+    gate.open()
+    wait_for(lambda: sorted(runs) == [0, 1, 2, 3])
+    env.join(export)
+    two_heartbeats(env)
+    with caplog.at_level(logging.ERROR, logger="dramatiq_unique"):
+        store.kill()
+        store.start()
+        wait_for(lambda: told, timeout=5)
+        two_heartbeats(env)
+    assert "loss of its data took" not in caplog.text
+    assert [event.waiting_lost for event in told] == [0]
+    assert lost_waiting(env) == 0
+
+
+def test_a_loss_counts_only_the_parked_messages_still_waiting_at_the_last_heartbeat(loss_env, store, caplog):
+    """Issue 31 (defect 9): the heartbeat asks the store which parked messages still wait: with
+    keep_latest, each newer message dropped the one before from the line, and one is lost."""
+    env, gate, runs, told = loss_env, Gate(), [], []
+    env.middleware.subscribe("data_lost", told.append)
+    export, parked = park_behind_a_holder(env, gate, runs, 3, strategy="keep_latest")
+    two_heartbeats(env)
+    with caplog.at_level(logging.ERROR, logger="dramatiq_unique"):
+        store.kill()
+        store.start()
+        wait_for(lambda: told, timeout=5)
+        wait_for(lambda: "loss of its data took" in caplog.text)
+    counted = [r.getMessage() for r in caplog.records if "loss of its data took" in r.getMessage()]
+    assert len(counted) == 1 and "took 1 message(s)" in counted[0] and repr(parked[-1]) in counted[0]
+    assert [event.waiting_lost for event in told] == [1]
+    assert lost_waiting(env) == 1
+    gate.open()
+
+
+def test_a_worker_that_parked_more_than_it_keeps_counts_at_least_those_it_kept(loss_env, store, caplog, monkeypatch):
+    """Issue 31 (defect 9): past the bound of the worker's record, the count is a least."""
+    monkeypatch.setattr(liveness_module, "PARKED_LIMIT", 2)
+    env, gate, runs, told = loss_env, Gate(), [], []
+    env.middleware.subscribe("data_lost", told.append)
+    park_behind_a_holder(env, gate, runs, 3)
+    two_heartbeats(env)
+    with caplog.at_level(logging.ERROR, logger="dramatiq_unique"):
+        store.kill()
+        store.start()
+        wait_for(lambda: told, timeout=5)
+        wait_for(lambda: "loss of its data took" in caplog.text)
+    gate.open()
+    assert "loss of its data took at least 2 message(s)" in caplog.text
+    assert [event.waiting_lost for event in told] == [2]

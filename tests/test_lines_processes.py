@@ -535,3 +535,34 @@ def test_a_worker_process_with_lines_warns_once_at_boot_of_a_store_that_keeps_no
     finally:
         sender.close()
         lock_store.kill()
+
+
+@pytest.mark.slow
+def test_a_worker_process_counts_the_messages_it_parked_that_the_lock_store_lost(
+    processes,  # noqa: F811
+    tmp_path,
+    redis_url,
+    redis_client,
+    store,  # noqa: F811
+    sender,
+):
+    """Issue 31, defect 9: messages a worker parked in a run lock's line, acked by the broker,
+    went with a lock store restarted empty, and nothing said how many. The worker that parked
+    them counts them, with one ERROR line naming each, and none of them runs."""
+    cli = start(processes, tmp_path, redis_url, redis_client, store_url=f"redis://127.0.0.1:{store.port}/0", threads=3)
+    sent = {seq: sender.export.send(seq).message_id for seq in range(5)}
+    # Two hold the lock's two places and wait for the test's word; the third thread parks the others.
+    wait_for(lambda: len(skipped(redis_client)) == 3)
+    started = [int(run.split()[1]) for run in runs(redis_client) if run.startswith("start ")]
+    assert len(started) == 2
+    parked = [sent[seq] for seq in sent if seq not in started]
+    time.sleep(0.5)  # heartbeats since they were parked
+    restart_empty(store, cli)
+    (counted,) = said(cli, "loss of its data took")
+    assert "took 3 message(s)" in counted and "actors 'export'" in counted
+    assert all(repr(message_id) in counted for message_id in parked)
+    for seq in sent:
+        redis_client.set(f"test:go:{seq}", 1)
+    wait_for(lambda: len([run for run in runs(redis_client) if run.startswith("end ")]) == 2)
+    time.sleep(0.5)
+    assert sorted(int(run.split()[1]) for run in runs(redis_client) if run.startswith("start ")) == sorted(started)

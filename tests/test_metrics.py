@@ -37,6 +37,7 @@ COUNTERS = (
     "dramatiq_unique_backend_errors_total",
     "dramatiq_unique_leases_lost_total",
     "dramatiq_unique_data_losses_total",
+    "dramatiq_unique_lost_waiting_messages_total",
     "dramatiq_unique_waits_total",
     "dramatiq_unique_cancellations_total",
     "dramatiq_unique_handoffs_total",

@@ -527,6 +527,14 @@ class LockBackend(abc.ABC):
         lock at ``key``, or was handed a place and has not started; ``None`` otherwise."""
         return None
 
+    def still_waiting(self, places: Sequence[tuple[str, str]]) -> list[bool]:
+        """Whether each message still waits in the line of its lock, for each ``(key, message_id)``
+        of ``places``: it is among the waiters of the lock's digest and holds no place the lock's line
+        handed it (a message handed a place is in the broker already). In one round trip where the backend
+        can. This implementation asks :meth:`waiting_message` once for each, which also answers
+        for a message handed a place that has not started: a backend with lines says better."""
+        return [self.waiting_message(key, message_id) is not None for key, message_id in places]
+
     def unpersisted_servers(self) -> tuple[str, ...]:
         """The servers of the lock store known to keep nothing on disk (neither an append-only
         file nor snapshots), so that a restart loses every lock and every message waiting in

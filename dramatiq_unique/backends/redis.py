@@ -706,6 +706,37 @@ class RedisBackend(LockBackend):
             if ids and not isinstance(ids, Exception)
         }
 
+    def still_waiting(self, places: Sequence[tuple[str, str]]) -> list[bool]:
+        if not places:
+            return []
+        keys = list(dict.fromkeys(key for key, _ in places))
+        try:
+            # One pipeline: each lock's value (a message handed a place holds it under its
+            # message_id, marked handed) and each message among its digest's waiters (a
+            # cluster's pipeline routes each command by its key).
+            pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call, unused-ignore]
+            for key in keys:
+                pipe.get(key)
+            for key, message_id in places:
+                pipe.hexists(waiters_key(key), message_id)
+            answers = pipe.execute(raise_on_error=False)
+        except _REDIS_ERRORS as e:
+            raise _backend_error(e) from e
+        for answer in answers:
+            if isinstance(answer, _REDIS_ERRORS) and not isinstance(answer, redis.ResponseError):
+                raise _backend_error(answer) from answer
+        # A key of another type (not written by this version) answers for itself alone: no waiter.
+        handed = {
+            key: set()
+            if value is None or isinstance(value, Exception)
+            else {place.owner for place in parse_lock(key, _read_text(value)) if place.holder.get("handed")}
+            for key, value in zip(keys, answers, strict=False)
+        }
+        return [
+            (answer is True or answer == 1) and message_id not in handed[key]
+            for (key, message_id), answer in zip(places, answers[len(keys) :], strict=True)
+        ]
+
     def _hand_over(self, handed: Sequence[Any], dropped: Sequence[Any]) -> None:
         """Report the waiters a script ``dropped``, then pass the messages it ``handed`` a place on."""
         _report_dropped(dropped)

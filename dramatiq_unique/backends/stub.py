@@ -177,6 +177,16 @@ class StubBackend(LockBackend):
             waiting = self._waiters.get(waiters_key(key), {}).get(message_id)
             return None if waiting is None else waiting.message
 
+    def still_waiting(self, places: Sequence[tuple[str, str]]) -> list[bool]:
+        answers = []
+        with self._mutex:
+            for key, message_id in places:
+                # As on Redis: among the waiters, and not handed a place in the lock (one that never lapses).
+                place = self._locks[key].places.get(message_id) if key in self._locks else None
+                handed = place is not None and place.handed
+                answers.append(message_id in self._waiters.get(waiters_key(key), {}) and not handed)
+        return answers
+
     def replace(
         self,
         key: str,
