@@ -121,7 +121,7 @@ class WorkerSide:
             acquisition = None
         if lock.handoff is not None and lock.liveness is not None:
             # A message handed its place by a line: it no longer waits, if this process parked it.
-            lock.liveness.unpark(message.message_id)
+            lock.liveness.unpark(lock.message_id)
         if lock.superseded:
             self.logger.info(
                 "Message %r of actor %r is skipped: a newer message took its place in lock %r (strategy 'replace').",
@@ -143,7 +143,7 @@ class WorkerSide:
             waited_in_line(lock, acquisition, SERVER)
             if lock.liveness is not None:
                 # Acked by the broker: from now on it lives only in the lock store.
-                lock.liveness.park(lock.run_key, message.message_id, message.actor_name)
+                lock.liveness.park(lock.run_key, lock.message_id, lock.actor_name)
             # Its INFO line says it waits: Dramatiq's "was skipped" WARNING is left out.
             RETOLD.waits(message.message_id)
             if lock.config.server_strategy.cancels_running_holders:
