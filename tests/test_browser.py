@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,13 +44,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(app, redis_url):  # noqa: F811
+def serve_page(arguments: list[str], **environ: str) -> Iterator[str]:
+    """``dramatiq-unique <arguments> web`` on a free port, without the URL variables of the tests'
+    own environment but with ``environ``: yields its address until the fixture ends."""
     port = free_port()
-    environment = {k: v for k, v in os.environ.items() if k not in URL_VARIABLES}
-    environment["CLI_APP_URL"] = redis_url
-    command = [sys.executable, "-m", "dramatiq_unique", "--app", "tests.cli_app", "web", "--allow-unlock"]
-    process = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT, env=environment, stderr=subprocess.PIPE)
+    environment = {k: v for k, v in os.environ.items() if k not in URL_VARIABLES} | environ
+    command = [sys.executable, "-m", "dramatiq_unique", *arguments, "--port", str(port)]
+    process = subprocess.Popen(command, cwd=ROOT, env=environment, stderr=subprocess.PIPE)
 
     def listening() -> bool:
         assert process.poll() is None, process.stderr.read().decode()
@@ -60,6 +61,11 @@ def server(app, redis_url):  # noqa: F811
     yield f"http://127.0.0.1:{port}"
     process.terminate()
     process.wait(10)
+
+
+@pytest.fixture
+def server(app, redis_url):  # noqa: F811
+    yield from serve_page(["--app", "tests.cli_app", "web", "--allow-unlock"], CLI_APP_URL=redis_url)
 
 
 @pytest.fixture

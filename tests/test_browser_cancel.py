@@ -7,39 +7,22 @@ What the holder did is recorded by the actor itself in a Redis list, apart from 
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
 from dramatiq_unique import enqueue_outcome
 
 from .support import wait_for
-from .test_browser import browser, free_port  # noqa: F401 (fixture)
+from .test_browser import browser, serve_page  # noqa: F401 (fixture)
 from .test_cancel_workers import deploy, events, worker  # noqa: F401 (fixtures)
-from .test_cli import ROOT, URL_VARIABLES
 from .test_concurrency import processes  # noqa: F401 (fixture)
 
 
 @pytest.fixture
 def server(redis_url):
     """The command's page of the locks of ``redis_url``, with its buttons."""
-    port = free_port()
-    environment = {k: v for k, v in os.environ.items() if k not in URL_VARIABLES}
-    command = [sys.executable, "-m", "dramatiq_unique", "--url", redis_url, "web", "--allow-unlock"]
-    process = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT, env=environment, stderr=subprocess.PIPE)
-
-    def listening() -> bool:
-        assert process.poll() is None, process.stderr.read().decode()
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_for(listening, timeout=20)
-    yield f"http://127.0.0.1:{port}"
-    process.terminate()
-    process.wait(10)
+    yield from serve_page(["--url", redis_url, "web", "--allow-unlock"])
 
 
 @pytest.mark.slow

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import socket
-import subprocess
 import sys
 import threading
 
@@ -22,8 +19,8 @@ from dramatiq_unique.keys import enqueue_key, run_key
 from dramatiq_unique.web import from_middleware, make_wsgi_app
 
 from .support import Env, wait_for
-from .test_browser import browser, free_port  # noqa: F401  (browser: a real headless chromium)
-from .test_cli import ROOT, URL_VARIABLES, cli, ok
+from .test_browser import browser, serve_page  # noqa: F401  (browser: a real headless chromium)
+from .test_cli import cli, ok
 from .web_client import Client
 
 SCRIPT = "<script>alert(1)</script>"
@@ -287,21 +284,7 @@ def test_the_lock_page_shows_the_call_the_arguments_and_the_record_field_by_fiel
 @pytest.fixture
 def web_server(app, redis_url):
     """``dramatiq-unique --app tests.lock_info_app web`` serving the locks of tests/lock_info_app.py."""
-    port = free_port()
-    environment = {k: v for k, v in os.environ.items() if k not in URL_VARIABLES}
-    environment["LOCK_INFO_APP_URL"] = redis_url
-    command = [sys.executable, "-m", "dramatiq_unique", "--app", "tests.lock_info_app", "web", "--port", str(port)]
-    process = subprocess.Popen(command, cwd=ROOT, env=environment, stderr=subprocess.PIPE)
-
-    def listening() -> bool:
-        assert process.poll() is None, process.stderr.read().decode()
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_for(listening, timeout=20)
-    yield f"http://127.0.0.1:{port}"
-    process.terminate()
-    process.wait(10)
+    yield from serve_page(["--app", "tests.lock_info_app", "web"], LOCK_INFO_APP_URL=redis_url)
 
 
 @pytest.mark.version_independent
