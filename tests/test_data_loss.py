@@ -700,7 +700,8 @@ def two_heartbeats(env) -> None:
 
 def park_behind_a_holder(env, gate, runs, count, strategy="wait"):
     """A while_executing actor whose messages wait in the worker: its first message holds the run
-    lock until the gate opens, and ``count`` more are parked in the lock's line. Their ids."""
+    lock until the gate opens, and ``count`` more are parked in the lock's line. Their ids, in
+    the order the worker parked them (Dramatiq 2.0 runs the messages a worker prefetched in any order)."""
 
     @env.actor(lock="while_executing", on_conflict={"server": strategy}, lock_args_method=lambda key, seq: [key])
     def export(key, seq):
@@ -713,9 +714,10 @@ def park_behind_a_holder(env, gate, runs, count, strategy="wait"):
     env.worker(threads=2)
     export.send("k", 0)
     wait_for(lambda: gate.count("holder") == 1)
-    parked = [export.send("k", seq).message_id for seq in range(1, count + 1)]
+    for seq in range(1, count + 1):
+        export.send("k", seq)
     wait_for(lambda: len(waits) == count)
-    return export, parked
+    return export, [event.message_id for event in waits]
 
 
 def test_a_loss_of_the_stores_data_counts_the_messages_the_worker_parked_in_a_line(loss_env, store, caplog):
