@@ -203,56 +203,41 @@ class StubBackend(LockBackend):
         handed: list[bytes] = []
         try:
             with self._mutex:
-                return self._replace(
-                    key, owner, replaced_key=replaced_key, limit=limit, ttl=ttl, holder=holder, extend=extend,
-                    debounce_cap=debounce_cap, healing=healing, handed=handed,
-                )  # fmt: skip
+                refused = not healing and self._refusing(key)
+                now = _now()
+                # As on Redis, those in line are handed the free places before a holder is replaced.
+                handed += self._hand_over(key)
+                lock = self._live(key, now)
+                held_before = owner in lock.places
+                victim = None
+                # While the store heals, no holder loses its place: a newer message is a conflict.
+                if len(lock.places) >= limit and owner not in lock.places and not refused:
+                    queued = [
+                        (p.token, o)
+                        for o, p in lock.places.items()
+                        if p.holder.state == "queued" and p.holder.replaceable
+                    ]
+                    if queued:
+                        victim = min(queued)[1]
+                        del lock.places[victim]
+                        self._replaced.setdefault(replaced_key, set()).add(victim)
+                acquisition = self._acquire(
+                    key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused
+                )
+                if not acquisition.acquired or held_before:
+                    return acquisition
+                due_within = None
+                if debounce_cap:
+                    series = debounce_key(key)
+                    if victim:
+                        # The series goes on until its deadline. Gone, it passed: the series is due now.
+                        due_within = max(0, self._deadlines.get(series, now) - now)
+                    else:
+                        self._deadlines[series] = now + debounce_cap
+                        due_within = debounce_cap
+                return dataclasses.replace(acquisition, replaced=victim, due_within=due_within)
         finally:
             self.hand_over(handed)
-
-    def _replace(
-        self,
-        key: str,
-        owner: str,
-        *,
-        replaced_key: str,
-        limit: int,
-        ttl: int | None,
-        holder: Holder,
-        extend: int,
-        debounce_cap: int | None,
-        healing: bool,
-        handed: list[bytes],
-    ) -> Acquisition:
-        refused = not healing and self._refusing(key)
-        now = _now()
-        # As on Redis, those in line are handed the free places before a holder is replaced.
-        handed += self._hand_over(key)
-        lock = self._live(key, now)
-        held_before = owner in lock.places
-        victim = None
-        # While the store heals, no holder loses its place: a newer message is a conflict.
-        if len(lock.places) >= limit and owner not in lock.places and not refused:
-            queued = [
-                (p.token, o) for o, p in lock.places.items() if p.holder.state == "queued" and p.holder.replaceable
-            ]
-            if queued:
-                victim = min(queued)[1]
-                del lock.places[victim]
-                self._replaced.setdefault(replaced_key, set()).add(victim)
-        acquisition = self._acquire(key, owner, limit=limit, ttl=ttl, holder=holder, extend=extend, refused=refused)
-        if not acquisition.acquired or held_before:
-            return acquisition
-        due_within = None
-        if debounce_cap:
-            series = debounce_key(key)
-            if victim:
-                # The series goes on until its deadline. Gone, it passed: the series is due now.
-                due_within = max(0, self._deadlines.get(series, now) - now)
-            else:
-                self._deadlines[series] = now + debounce_cap
-                due_within = debounce_cap
-        return dataclasses.replace(acquisition, replaced=victim, due_within=due_within)
 
     def claim(
         self, key: str, owner: str, *, replaced_key: str | None, release: bool, holder: Holder, starting: str = ""
