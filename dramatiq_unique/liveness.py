@@ -312,13 +312,18 @@ class Liveness:
         """The message of ``owner``'s lease at ``key`` returned from its actor: it is not
         interrupted from now on. An interruption the heartbeat thread asked for before is
         delivered while this waits for the mutex, in the thread that calls it."""
-        # Before the mutex, which may be gevent's: a greenlet that waits for it lets the hub run,
-        # and the hub must not interrupt a message that is giving its lease up.
+        if self._settled(key, owner):
+            with self._mutex:  # the heartbeat checks and interrupts under it
+                pass
+
+    def _settled(self, key: str, owner: str) -> bool:
+        """Mark the lease as not to be interrupted; whether this process renews it. Before the
+        mutex, which may be gevent's: a greenlet that waits for it lets the hub run, and the hub
+        must not interrupt a message that is giving its lease up."""
         held = self._leases.get((key, owner))
         if held is not None:
             held.dropped = True
-            with self._mutex:  # the heartbeat checks and interrupts under it
-                pass
+        return held is not None
 
     def drop(self, key: str, owner: str) -> int | None:
         """Stop renewing this run lock: its message finished. Tells of a lease that ran out
@@ -327,7 +332,7 @@ class Liveness:
         Returns:
           int: When its lease ends, in ms of the backend's clock; ``None`` for a place not renewed here.
         """
-        self.settle(key, owner)
+        self._settled(key, owner)
         with self._mutex:
             lease = self._leases.pop((key, owner), None)
         if lease is None:
