@@ -45,6 +45,7 @@ from .presentation import (
     describe_lock,
     format_duration,
     holder_calls,
+    holder_count,
     holder_stops,
     holders,
     lock_table,
@@ -600,7 +601,7 @@ def run_unlock(context: Context, args: argparse.Namespace) -> int:
     context.print(f"Unlocked {holders(freed)} {what}" + (":" if freed else "."))
     for line in lock_table(freed, indent="  ", width=context.width) if freed else ():
         context.print(line)
-    left = sum(len(lock.holders) for lock in found) - sum(len(lock.holders) for lock in freed)
+    left = holder_count(found) - holder_count(freed)
     if left:
         print(
             f"{count(left, 'holder')} changed after {'it was' if left == 1 else 'they were'} read (renewed "
@@ -654,13 +655,13 @@ def run_cancel(context: Context, args: argparse.Namespace) -> int:
         context.print(f"No message {what} runs holding a run lock: nothing to cancel.")
         return RET_NOT_FOUND
     if not args.yes:
-        question = f"Stop {count(sum(len(lock.holders) for lock in found), 'running message')} {what}?"
+        question = f"Stop {count(holder_count(found), 'running message')} {what}?"
         if not context.confirm(question):
             context.print("Nothing was cancelled.")
             return RET_ABORTED
     asked = context.locks.cancel(digest, args.message_id)
     context.print(
-        f"Asked {count(sum(len(lock.holders) for lock in asked), 'running message')} {what} to stop"
+        f"Asked {count(holder_count(asked), 'running message')} {what} to stop"
         + (": each stops at its worker's next lease renewal, and keeps the lock until then." if asked else ".")
     )
     for line in lock_table(asked, indent="  ", width=context.width) if asked else ():

@@ -70,9 +70,14 @@ def count(number: int, noun: str, plural: str | None = None) -> str:
     return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
 
+def holder_count(locks: Sequence[LockInfo]) -> int:
+    """How many holders ``locks`` have together."""
+    return sum(len(lock.holders) for lock in locks)
+
+
 def holders(locks: Sequence[LockInfo]) -> str:
     """How many holders in how many locks: ``3 holders in 2 locks``."""
-    return f"{count(sum(len(lock.holders) for lock in locks), 'holder')} in {count(len(locks), 'lock')}"
+    return f"{count(holder_count(locks), 'holder')} in {count(len(locks), 'lock')}"
 
 
 def prefixes_phrase(prefixes: Sequence[str]) -> str:
