@@ -15,7 +15,7 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.results import ResultFailure, Results
 from dramatiq.results.backends import StubBackend as StubResults
 
-from dramatiq_unique import InvalidLockOptions, Locks, RedisBackend, StubBackend, UniqueJobs
+from dramatiq_unique import InvalidLockOptions, Locks, RedisBackend, StubBackend, UniqueJobs, enqueue_outcome
 from dramatiq_unique.backends import LockBackend
 from dramatiq_unique.events import CANCELLED, LockEvent
 
@@ -253,3 +253,19 @@ def test_an_actors_own_cancelled_is_logged_as_dramatiq_logs_it(stub_env, caplog)
     failed = [r for r in caplog.records if r.getMessage().startswith("Failed to process message own(1)")]
     assert len(failed) == 2 and failed[0].exc_info is not None
     assert f"Retrying message {message.message_id!r}" in caplog.text
+
+
+def test_a_run_lock_given_by_a_messages_own_options_is_not_interrupted(make_env):
+    """Review of issue 35: only an actor declared with a run lock has its function wrapped, to be
+    interrupted only while it runs; a message whose own options give it a run lock is asked to
+    stop, and runs to its end."""
+    env = make_env(**FAST)
+    runs = Runs()
+    actor = env.actor(long_job(runs, 1.0), actor_name="sync", lock="until_executed", lock_args_method=lambda a, s: [a])
+    env.worker(threads=1)
+    message = actor.send_with_options(args=("acme", 0), lock="while_executing")
+    wait_for(lambda: "start 0" in runs)
+    digest = enqueue_outcome(message).digest
+    assert Locks.from_middleware(env.middleware).cancel(digest)
+    wait_for(lambda: "end 0" in runs, timeout=5)
+    assert runs.entries == ["start 0", "done 0", "end 0"]
